@@ -1,0 +1,73 @@
+"""Varlen preparation: the per-sequence tile prefix sum, computed on the device.
+
+tile_prefix[0] = 0, tile_prefix[n + 1] = tile_prefix[n] + ceil(len_n / CHUNK), with
+len_n = cu_seqlens[n + 1] - cu_seqlens[n] (spec 1.3: a sequence owns ceil(len/16) tiles and the
+global tile index of its tile j is tile_prefix[n] + j). K1 and K2 read this table, so a packed batch
+needs no device-to-host copy to be launched.
+
+One CTA of THREADS threads scans the sequences in blocks of THREADS: a warp-level inclusive scan
+with shuffles, the warp totals through shared memory, and a running carry across blocks. A single
+CTA is enough: N is at most a few thousand sequences and the kernel is one pass over 8 bytes each.
+Negative lengths (an invalid cu_seqlens the host could not check) count as zero tiles.
+"""
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Int64
+
+from .tile_ops import CHUNK
+
+THREADS = 256
+WARPS = THREADS // 32
+
+
+@cute.kernel
+def _tile_prefix_kernel(mCu: cute.Tensor, mPrefix: cute.Tensor, n_seq: Int32):
+    tidx, _, _ = cute.arch.thread_idx()
+    lane = cute.arch.lane_idx()
+    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+
+    smem = cutlass.memory.SmemAllocator()
+    sWarpTotal = smem.allocate_tensor(Int32, cute.make_layout(WARPS), byte_alignment=16)
+
+    if tidx == 0:
+        mPrefix[0] = Int32(0)
+    carry = Int32(0)
+    for base in cutlass.range(0, n_seq, THREADS, unroll=1):
+        i = base + tidx
+        tiles = Int32(0)
+        if i < n_seq:
+            length = Int64(mCu[i + 1]) - Int64(mCu[i])
+            if length > 0:
+                tiles = Int32((length + (CHUNK - 1)) // CHUNK)
+        # Inclusive scan inside the warp.
+        x = tiles
+        for offset in cutlass.range_constexpr(5):
+            y = cute.arch.shuffle_sync_up(x, 1 << offset)
+            if lane >= (1 << offset):
+                x = x + y
+        if lane == 31:
+            sWarpTotal[warp] = x
+        cute.arch.barrier()
+        before = Int32(0)
+        block_total = Int32(0)
+        for w in cutlass.range_constexpr(WARPS):
+            s = sWarpTotal[w]
+            if w < warp:
+                before = before + s
+            block_total = block_total + s
+        if i < n_seq:
+            mPrefix[i + 1] = carry + before + x
+        carry = carry + block_total
+        # The warp totals are overwritten by the next block.
+        cute.arch.barrier()
+
+
+@cute.jit
+def tile_prefix(cu_seqlens: cute.Pointer, tile_prefix_out: cute.Pointer, n_seq: Int32,
+                stream: cuda.CUstream):
+    """Host entry: cu_seqlens int32 or int64 [n_seq + 1] -> tile_prefix_out int32 [n_seq + 1]."""
+    mCu = cute.make_tensor(cu_seqlens, cute.make_layout(n_seq + 1))
+    mPrefix = cute.make_tensor(tile_prefix_out, cute.make_layout(n_seq + 1))
+    _tile_prefix_kernel(mCu, mPrefix, n_seq).launch(grid=(1, 1, 1), block=(THREADS, 1, 1), stream=stream)

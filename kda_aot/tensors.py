@@ -1,0 +1,115 @@
+"""DLPack intake: any framework's tensor becomes a plain, framework-free description.
+
+Everything after intake (validation, planning, launching) works on `TensorDesc` only, so the
+runtime never imports torch, and the validation wall can be unit-tested on a machine without a
+GPU by building descriptions by hand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Tuple
+
+from cuda.core.utils import StridedMemoryView
+
+# DLPack device type of CUDA device memory (kDLCUDA). Host, pinned and managed memory are refused:
+# the kernels read through TMA, which needs device global memory.
+_CUDA = "cuda"
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorDesc:
+    """What the launcher needs to know about one tensor argument."""
+
+    name: str
+    ptr: int
+    shape: Tuple[int, ...]
+    strides: Tuple[int, ...]  # in elements
+    dtype: str  # numpy-style name: "bfloat16", "float32", "int32", "int64", ...
+    device: str  # "cuda" or "cpu" (anything not device memory is "cpu" here)
+    device_id: int
+    owner: Any = dataclasses.field(default=None, compare=False, repr=False)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def itemsize(self) -> int:
+        return _ITEMSIZE[self.dtype]
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+    def is_contiguous(self) -> bool:
+        """Row-major contiguity; size-1 and empty modes may carry any stride (as in PyTorch)."""
+        if self.numel == 0:
+            return True
+        expected = 1
+        for size, stride in zip(reversed(self.shape), reversed(self.strides)):
+            if size != 1 and stride != expected:
+                return False
+            expected *= size
+        return True
+
+
+_ITEMSIZE = {
+    "bfloat16": 2, "float16": 2, "float32": 4, "float64": 8,
+    "int8": 1, "uint8": 1, "int16": 2, "int32": 4, "int64": 8, "bool": 1,
+}
+
+
+def _contiguous_strides(shape: Tuple[int, ...]) -> Tuple[int, ...]:
+    strides, acc = [], 1
+    for size in reversed(shape):
+        strides.append(acc)
+        acc *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def describe(obj: Any, name: str) -> TensorDesc:
+    """Read `obj` through DLPack without copying, synchronising or converting it.
+
+    Raises TypeError naming the argument when `obj` does not speak DLPack.
+    """
+    if isinstance(obj, TensorDesc):
+        return obj
+    if not hasattr(obj, "__dlpack__"):
+        raise TypeError(f"{name}: expected a DLPack tensor (torch, CuPy, JAX, ...), got {type(obj).__name__}")
+    try:
+        # stream_ptr=-1: no stream synchronisation; the caller orders its own stream.
+        view = StridedMemoryView.from_dlpack(obj, stream_ptr=-1)
+    except Exception as exc:  # the producer refused (e.g. an unsupported dtype)
+        raise TypeError(f"{name}: could not be read through DLPack: {exc}") from exc
+    shape = tuple(int(s) for s in view.shape)
+    strides = view.strides
+    strides = _contiguous_strides(shape) if strides is None else tuple(int(s) for s in strides)
+    on_device = bool(view.is_device_accessible) and view.device_id >= 0 and not _is_host_visible(obj)
+    return TensorDesc(
+        name=name,
+        ptr=int(view.ptr),
+        shape=shape,
+        strides=strides,
+        dtype=str(view.dtype),
+        device=_CUDA if on_device else "cpu",
+        device_id=int(view.device_id) if on_device else -1,
+        owner=obj,
+    )
+
+
+def _is_host_visible(obj: Any) -> bool:
+    """True for pinned/managed host memory, which DLPack reports as device-accessible."""
+    try:
+        device_type, _ = obj.__dlpack_device__()
+    except Exception:
+        return False
+    # kDLCUDA == 2; kDLCUDAHost == 3 and kDLCUDAManaged == 13 are refused.
+    return int(device_type) != 2
+
+
+def describe_optional(obj: Optional[Any], name: str) -> Optional[TensorDesc]:
+    return None if obj is None else describe(obj, name)

@@ -1,0 +1,371 @@
+"""The validation wall: every check that runs before any launch (spec section 1.4).
+
+Pure Python over `TensorDesc`; this module never imports torch or cuda, so it runs (and is
+tested) on a machine without a GPU. Nothing is ever copied, cast or made contiguous: a tensor
+that does not fit is refused with an error whose message starts with the argument's name.
+
+Checks run in phases, so the first error reported is the most basic one:
+kinds (tensor / number) -> device -> dtype -> shape -> layout (contiguity, alignment)
+-> values (scalars, cp) -> aliasing of the outputs.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import operator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Dict, Iterable, Optional, Sequence, Tuple, Union
+
+if TYPE_CHECKING:  # kda_aot.tensors imports cuda.core; this module stays importable without it
+    from .tensors import TensorDesc
+
+D = 128  # head dim: K = V = 128 only
+DEFAULT_SCALE = D ** -0.5
+LOWER_BOUND_MIN = -5.0  # lower_bound must lie in [LOWER_BOUND_MIN, 0)
+
+CpMode = Union[str, int]
+_CP_MODES = ("off", "auto", "on")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What the planner and launcher need, once the arguments have passed validation."""
+
+    B: int
+    T: int
+    H: int
+    N: int  # number of sequences: B, or len(cu_seqlens) - 1
+    varlen: bool
+    cu_dtype: Optional[str]  # "int32" / "int64" / None
+    state_dtype: Optional[str]  # "bfloat16" / "float32" / None (spec 1.4 state dtype rule)
+    has_initial: bool
+    has_final: bool
+    scale: float
+    lower_bound: float
+    device_id: int
+    cp: CpMode = "off"  # parse_cp(cp): "off" | "auto" | "on" | segments per sequence
+
+    @property
+    def empty(self) -> bool:
+        """No tokens or no heads: the launcher has nothing to run (spec 1.4, empty-work decision)."""
+        return self.B == 0 or self.T == 0 or self.H == 0
+
+
+# --------------------------------------------------------------------------------------------
+# Argument tables
+
+_REQUIRED = ("q", "k", "v", "g", "beta", "A_log", "dt_bias")
+_OPTIONAL = ("out", "initial_state", "final_state", "cu_seqlens")
+_INPUTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens")
+_OUTPUTS = ("out", "final_state")
+
+_BF16, _FP32, _I32, _I64 = "bfloat16", "float32", "int32", "int64"
+_DTYPES: Dict[str, Tuple[str, ...]] = {
+    "q": (_BF16,),
+    "k": (_BF16,),
+    "v": (_BF16,),
+    "g": (_BF16,),
+    "beta": (_BF16,),
+    "out": (_BF16,),
+    "A_log": (_FP32,),
+    "dt_bias": (_FP32,),
+    "initial_state": (_BF16, _FP32),
+    "final_state": (_BF16, _FP32),
+    "cu_seqlens": (_I32, _I64),
+}
+
+# Bulk (TMA) copies need 16-byte aligned global addresses; the small vectors are read per element.
+_ALIGNMENT: Dict[str, int] = {
+    "q": 16, "k": 16, "v": 16, "g": 16, "out": 16, "initial_state": 16, "final_state": 16,
+    "beta": 4, "A_log": 4, "dt_bias": 4, "cu_seqlens": 4,
+}
+
+Tensors = Dict[str, Optional["TensorDesc"]]
+
+
+# --------------------------------------------------------------------------------------------
+# Entry point
+
+def validate_prefill(*, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, initial_state,
+                     final_state, cu_seqlens, out, cp) -> Problem:
+    """Check every argument of a prefill call; return the Problem or raise naming the argument."""
+    t: Tensors = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias, out=out,
+                      initial_state=initial_state, final_state=final_state, cu_seqlens=cu_seqlens)
+    _check_kinds(t)
+    _check_scalar_kinds(lower_bound=lower_bound, scale=scale)
+    given = {name: d for name, d in t.items() if d is not None}
+    _check_devices(given)
+    _check_dtypes(given)
+    _check_state_dtypes_match(initial_state, final_state)
+    B, T, H, N = _check_shapes(t)
+    _check_contiguous(given)
+    _check_alignment(given)
+    lb = _check_lower_bound(lower_bound)
+    sc = _check_scale(scale)
+    cp_mode = parse_cp(cp)
+    _check_no_alias(t)
+    return Problem(
+        B=B, T=T, H=H, N=N,
+        varlen=cu_seqlens is not None,
+        cu_dtype=None if cu_seqlens is None else cu_seqlens.dtype,
+        state_dtype=_state_dtype(initial_state, final_state),
+        has_initial=initial_state is not None,
+        has_final=final_state is not None,
+        scale=sc, lower_bound=lb, device_id=q.device_id, cp=cp_mode,
+    )
+
+
+def _state_dtype(initial: Optional[TensorDesc], final: Optional[TensorDesc]) -> Optional[str]:
+    """Spec rule: fp32 if either state is fp32, bf16 if states are given and all bf16, else None."""
+    dtypes = {d.dtype for d in (initial, final) if d is not None}
+    if not dtypes:
+        return None
+    return _FP32 if _FP32 in dtypes else _BF16
+
+
+# --------------------------------------------------------------------------------------------
+# Phase 1: kinds
+
+_DESC_FIELDS = ("ptr", "shape", "strides", "dtype", "device", "device_id", "numel", "nbytes",
+                "is_contiguous")
+
+
+def _is_desc(x) -> bool:
+    """A TensorDesc, recognised by its fields (a raw torch/CuPy tensor lacks ptr and device_id)."""
+    return all(hasattr(x, f) for f in _DESC_FIELDS)
+
+
+def _check_kinds(t: Tensors) -> None:
+    for name in _REQUIRED + _OPTIONAL:
+        desc = t[name]
+        if desc is None:
+            if name in _REQUIRED:
+                raise TypeError(f"{name}: a tensor is required, got None")
+            continue
+        if not _is_desc(desc):
+            raise TypeError(f"{name}: expected a TensorDesc (see kda_aot.tensors.describe), "
+                            f"got {type(desc).__name__}")
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _check_scalar_kinds(*, lower_bound, scale) -> None:
+    if not _is_real(lower_bound):
+        raise TypeError(f"lower_bound: expected a float, got {type(lower_bound).__name__}")
+    if scale is not None and not _is_real(scale):
+        raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
+
+
+# --------------------------------------------------------------------------------------------
+# Phase 2: device
+
+def _check_devices(given: Dict[str, TensorDesc]) -> None:
+    for name, d in given.items():
+        if d.device != "cuda":
+            raise TypeError(f"{name}: expected a CUDA device tensor, got a {d.device} tensor "
+                            "(host, pinned and managed memory are refused; nothing is copied)")
+    want = given["q"].device_id
+    for name, d in given.items():
+        if d.device_id != want:
+            raise ValueError(f"{name}: on cuda:{d.device_id}, but q is on cuda:{want}; "
+                             "all tensors must be on the same device")
+
+
+# --------------------------------------------------------------------------------------------
+# Phase 3: dtype
+
+def _check_dtypes(given: Dict[str, TensorDesc]) -> None:
+    for name, d in given.items():
+        allowed = _DTYPES[name]
+        if d.dtype not in allowed:
+            raise TypeError(f"{name}: expected dtype {' or '.join(allowed)}, got {d.dtype} "
+                            "(nothing is cast)")
+
+
+def _check_state_dtypes_match(initial: Optional[TensorDesc], final: Optional[TensorDesc]) -> None:
+    if initial is not None and final is not None and initial.dtype != final.dtype:
+        raise ValueError(f"final_state: dtype {final.dtype} differs from initial_state dtype "
+                         f"{initial.dtype}; both states must have the same dtype")
+
+
+# --------------------------------------------------------------------------------------------
+# Phase 4: shape
+
+def _check_shapes(t: Tensors) -> Tuple[int, int, int, int]:
+    """Return (B, T, H, N)."""
+    q = t["q"]
+    _check_q_shape(q)
+    B, T, H, _ = q.shape
+    _check_k_shape(t["k"], q.shape)
+    _check_v_shape(t["v"], q.shape)
+    for name in ("g", "out"):
+        if t[name] is not None:
+            _expect_shape(name, t[name], q.shape, "like q")
+    _expect_shape("beta", t["beta"], (B, T, H), "[B, T, H]")
+    _check_gate_params(t["A_log"], t["dt_bias"], H)
+    N = B if t["cu_seqlens"] is None else _check_cu_seqlens_shape(t["cu_seqlens"], B)
+    for name in ("initial_state", "final_state"):
+        if t[name] is not None:
+            _expect_shape(name, t[name], (N, H, D, D), "[N, H, 128, 128]")
+    return B, T, H, N
+
+
+def _expect_shape(name: str, d: TensorDesc, want: Tuple[int, ...], what: str) -> None:
+    if tuple(d.shape) != tuple(want):
+        raise ValueError(f"{name}: expected shape {tuple(want)} {what}, got {tuple(d.shape)}")
+
+
+def _check_q_shape(q: TensorDesc) -> None:
+    if len(q.shape) != 4:
+        raise ValueError(f"q: expected a 4-D tensor [B, T, H, 128], got shape {tuple(q.shape)}")
+    if q.shape[3] != D:
+        raise ValueError(f"q: only K=V=128 is supported, got head dim {q.shape[3]} "
+                         f"(shape {tuple(q.shape)})")
+
+
+def _check_k_shape(k: TensorDesc, qshape: Tuple[int, ...]) -> None:
+    if tuple(k.shape) != tuple(qshape):
+        note = " (only K=V=128 is supported)" if len(k.shape) == 4 and k.shape[3] != D else ""
+        raise ValueError(f"k: expected shape {tuple(qshape)} like q, got {tuple(k.shape)}{note}")
+
+
+def _check_v_shape(v: TensorDesc, qshape: Tuple[int, ...]) -> None:
+    if len(v.shape) == 4 and v.shape[3] != D:
+        raise ValueError(f"v: only K=V=128 is supported, got value dim {v.shape[3]} "
+                         f"(shape {tuple(v.shape)})")
+    if len(v.shape) == 4 and tuple(v.shape[:2]) == tuple(qshape[:2]) and v.shape[2] != qshape[2]:
+        raise NotImplementedError(f"v: {v.shape[2]} value heads but q has {qshape[2]} heads; "
+                                  "grouped value attention (GVA, HV != H) is not supported")
+    _expect_shape("v", v, qshape, "like q")
+
+
+def _check_gate_params(A_log: TensorDesc, dt_bias: TensorDesc, H: int) -> None:
+    _expect_shape("A_log", A_log, (H,), "[H]")
+    if tuple(dt_bias.shape) not in ((H, D), (H * D,)):
+        raise ValueError(f"dt_bias: expected shape {(H, D)} [H, 128] or {(H * D,)} [H*128], "
+                         f"got {tuple(dt_bias.shape)}")
+
+
+def _check_cu_seqlens_shape(cu: TensorDesc, B: int) -> int:
+    """Return N = len(cu_seqlens) - 1."""
+    if len(cu.shape) != 1:
+        raise ValueError(f"cu_seqlens: expected a 1-D tensor [N+1], got shape {tuple(cu.shape)}")
+    if cu.shape[0] < 2:
+        raise ValueError(f"cu_seqlens: expected at least 2 entries [N+1], got {cu.shape[0]}")
+    if B != 1:
+        raise ValueError(f"cu_seqlens: packed varlen input needs B == 1 (tokens packed along T), "
+                         f"got B = {B}")
+    return cu.shape[0] - 1
+
+
+# --------------------------------------------------------------------------------------------
+# Phase 5: layout
+
+def _check_contiguous(given: Dict[str, TensorDesc]) -> None:
+    for name, d in given.items():
+        if not d.is_contiguous():
+            raise ValueError(f"{name}: must be contiguous (shape {tuple(d.shape)}, strides "
+                             f"{tuple(d.strides)}); nothing is copied, pass a contiguous tensor")
+
+
+def _check_alignment(given: Dict[str, TensorDesc]) -> None:
+    for name, d in given.items():
+        align = _ALIGNMENT[name]
+        if d.numel > 0 and d.ptr % align != 0:
+            why = ("the kernels read and write it with bulk (TMA) copies" if align == 16
+                   else "the kernels read it element-wise")
+            raise ValueError(f"{name}: data pointer {d.ptr:#x} is not {align}-byte aligned; "
+                             f"{why} (nothing is copied)")
+
+
+# --------------------------------------------------------------------------------------------
+# Phase 6: values
+
+def _check_lower_bound(lower_bound) -> float:
+    lb = float(lower_bound)
+    if not math.isfinite(lb) or not (LOWER_BOUND_MIN <= lb < 0.0):
+        raise ValueError(f"lower_bound: expected a finite value in [{LOWER_BOUND_MIN:g}, 0), "
+                         f"got {lower_bound!r}")
+    return lb
+
+
+def _check_scale(scale) -> float:
+    if scale is None:
+        return DEFAULT_SCALE
+    sc = float(scale)
+    if not math.isfinite(sc) or sc <= 0.0:
+        raise ValueError(f"scale: expected a finite positive float (or None for 128**-0.5), "
+                         f"got {scale!r}")
+    return sc
+
+
+def parse_cp(cp) -> CpMode:
+    """"off" | "auto" | "on" | segments per sequence (int >= 1); anything else is a ValueError."""
+    if cp is True or cp is False:
+        suggestion = '"on"' if cp else '"off"'
+        raise ValueError(f"cp: booleans are ambiguous, got {cp!r}; pass {suggestion} instead")
+    if isinstance(cp, str):
+        if cp in _CP_MODES:
+            return cp
+        raise ValueError(f"cp: expected \"off\", \"auto\", \"on\" or an int >= 1, got {cp!r}")
+    if isinstance(cp, numbers.Integral) and not isinstance(cp, bool):
+        if int(cp) >= 1:
+            return int(cp)
+        raise ValueError(f"cp: a segment count must be >= 1, got {int(cp)}")
+    raise ValueError(f"cp: expected \"off\", \"auto\", \"on\" or an int >= 1, "
+                     f"got {cp!r} ({type(cp).__name__})")
+
+
+def check_cu_seqlens_values(values: Sequence[int], T: int) -> None:
+    """Host copy of cu_seqlens: cu[0] == 0, non-decreasing, cu[-1] == T (empty sequences allowed)."""
+    cu = _as_int_list(values)
+    if len(cu) < 2:
+        raise ValueError(f"cu_seqlens: expected at least 2 entries [N+1], got {len(cu)}")
+    if cu[0] != 0:
+        raise ValueError(f"cu_seqlens: entry 0 must be 0, got {cu[0]}")
+    for i in range(1, len(cu)):
+        if cu[i] < cu[i - 1]:
+            raise ValueError(f"cu_seqlens: must be non-decreasing, but entry {i} = {cu[i]} "
+                             f"< entry {i - 1} = {cu[i - 1]}")
+    if cu[-1] != T:
+        raise ValueError(f"cu_seqlens: last entry (index {len(cu) - 1}) must equal the total "
+                         f"token count T = {T}, got {cu[-1]}")
+
+
+def _as_int_list(values: Iterable[int]) -> list:
+    out = []
+    for i, x in enumerate(values):
+        if isinstance(x, bool):
+            raise TypeError(f"cu_seqlens: entry {i} is a bool, expected an int")
+        try:
+            out.append(operator.index(x))
+        except TypeError:
+            raise TypeError(f"cu_seqlens: entry {i} must be an int, got {x!r}") from None
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Phase 7: aliasing (outputs are written in place)
+
+def _overlaps(a: TensorDesc, b: TensorDesc) -> bool:
+    if a.nbytes == 0 or b.nbytes == 0:
+        return False
+    return a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes
+
+
+def _check_no_alias(t: Tensors) -> None:
+    for out_name in _OUTPUTS:
+        o = t[out_name]
+        if o is None:
+            continue
+        for in_name in _INPUTS:
+            i = t[in_name]
+            if i is not None and _overlaps(o, i):
+                raise ValueError(f"{out_name}: memory overlaps {in_name}; outputs are written in "
+                                 "place while inputs are still read, pass a separate buffer")
+    out, final = t["out"], t["final_state"]
+    if out is not None and final is not None and _overlaps(final, out):
+        raise ValueError("final_state: memory overlaps out; pass separate buffers")
