@@ -61,21 +61,67 @@ class Variant:
         }
 
 
-def _varlen_tiles() -> List[Variant]:
-    return [
-        Variant(
-            name=f"varlen_tiles_{cu}",
-            module="varlen_tiles",
-            entry="tile_prefix",
-            args=(ptr("cu_seqlens", cu, 8 if cu == "int64" else 4), ptr("tile_prefix", "int32", 4),
-                  scalar("n_seq", "i32"), STREAM),
-        )
+def _seq_tables() -> List[Variant]:
+    """Sequence tables (docs/kernel_abi.md) from cu_seqlens of either integer type, or dense."""
+    tables = (ptr("seq_start", "int32", 4), ptr("tile_prefix", "int32", 4), scalar("n_seq", "i32"))
+    variants = [
+        Variant(f"seq_tables_{cu}", "varlen_tiles", "seq_tables_varlen",
+                (ptr("cu_seqlens", cu, 8 if cu == "int64" else 4),) + tables + (STREAM,))
         for cu in ("int32", "int64")
     ]
+    variants.append(Variant("seq_tables_dense", "varlen_tiles", "seq_tables_dense",
+                            tables + (scalar("seq_len", "i32"), STREAM)))
+    return variants
+
+
+WORKSPACE_ARGS = (
+    ptr("ws_qd", "uint8"), ptr("ws_kd", "uint8"), ptr("ws_kr", "uint8"), ptr("ws_gt", "float32"),
+    ptr("ws_inv", "bfloat16"), ptr("ws_mqk", "bfloat16"), ptr("ws_bsig", "bfloat16"),
+)
+SEQ_ARGS = (ptr("seq_start", "int32", 4), ptr("tile_prefix", "int32", 4))
+SIZE_ARGS = (scalar("t_total", "i32"), scalar("n_seq", "i32"), scalar("n_heads", "i32"), scalar("cap", "i32"))
+
+
+def _k1() -> List[Variant]:
+    args = (ptr("q", "bfloat16"), ptr("k", "bfloat16"), ptr("g", "bfloat16"), ptr("beta", "bfloat16", 2),
+            ptr("a_log", "float32", 4), ptr("dt_bias", "float32", 16)) + SEQ_ARGS + WORKSPACE_ARGS + SIZE_ARGS + (
+            scalar("scale", "f32"), scalar("gate_c", "f32"), STREAM)
+    return [Variant("k1_prepare", "k1_prepare", "k1_prepare", args)]
+
+
+# (has_initial, has_final) pairs; the state dtype matters only when one of them is present.
+STATE_IO = ((False, False), (True, False), (False, True), (True, True))
+VALUE_BLOCKS = (128, 64, 32)  # value rows of the state per K2 CTA (the value-column split)
+
+
+def k2_name(has_initial: bool, has_final: bool, state_fp32: bool, value_block: int) -> str:
+    io = {(False, False): "nostate", (True, False): "in", (False, True): "out", (True, True): "inout"}
+    dtype = "" if not (has_initial or has_final) else ("_f32" if state_fp32 else "_bf16")
+    return f"k2_{io[(has_initial, has_final)]}{dtype}_vb{value_block}"
+
+
+def _k2() -> List[Variant]:
+    variants = []
+    for has_initial, has_final in STATE_IO:
+        for state_fp32 in ((False, True) if (has_initial or has_final) else (False,)):
+            sdt = "float32" if state_fp32 else "bfloat16"
+            for vb in VALUE_BLOCKS:
+                args = (ptr("v", "bfloat16"), ptr("out", "bfloat16")) + WORKSPACE_ARGS + SEQ_ARGS + (
+                        ptr("initial_state", sdt), ptr("final_state", sdt)) + SIZE_ARGS + (STREAM,)
+                variants.append(Variant(
+                    k2_name(has_initial, has_final, state_fp32, vb), "k2_recurrence", "k2_recurrence", args,
+                    constants=(("has_initial", has_initial), ("has_final", has_final),
+                               ("state_fp32", state_fp32), ("value_block", vb))))
+    return variants
+
+
+# Kernels are added to this list as they land; the build compiles exactly these.
+FAMILIES = {"seq_tables": _seq_tables, "k1": _k1, "k2": _k2}
+ENABLED = ("seq_tables",)
 
 
 def all_variants() -> List[Variant]:
-    variants = _varlen_tiles()
+    variants = [v for fam in ENABLED for v in FAMILIES[fam]()]
     names = [v.name for v in variants]
     assert len(names) == len(set(names)), "variant names must be unique"
     return variants

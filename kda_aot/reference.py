@@ -180,8 +180,8 @@ def _check_args(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens) -> 
     else:
         if B != 1:
             raise ValueError("cu_seqlens requires B == 1")
-        cu = cu_seqlens.tolist()
-        if cu_seqlens.dim() != 1 or len(cu) < 2 or cu[0] != 0 or cu[-1] != T:
+        cu = cu_seqlens.tolist() if cu_seqlens.dim() == 1 else []
+        if len(cu) < 2 or cu[0] != 0 or cu[-1] != T:
             raise ValueError(f"cu_seqlens must be 1-D, start at 0 and end at T={T}: {cu}")
         if any(b < a for a, b in zip(cu, cu[1:])):
             raise ValueError(f"cu_seqlens must be non-decreasing: {cu}")
@@ -317,8 +317,9 @@ def _prepare_tiles(m, q, k, g, beta, A_log, dt_bias, lb, scale, length):
     """K1 (§3.1): every per-tile quantity, token-parallel over all tiles and rows.
     Returns Qd, Kd, Kr [nt, X, 16, D], gamma [nt, X, D], b [nt, X, 16], INV and Mqk [nt, X, 16, 16].
     """
-    valid = (torch.arange(_to_tiles(beta, length).shape[0] * CHUNK, device=q.device) < length)
-    valid = valid.unflatten(0, (-1, CHUNK))[:, None, :, None]  # [nt, 1, 16, 1]
+    nt = -(-length // CHUNK)
+    valid = torch.arange(nt * CHUNK, device=q.device) < length
+    valid = valid.unflatten(0, (nt, CHUNK))[:, None, :, None]  # [nt, 1, 16, 1]
     qh = m.l2n(_to_tiles(q, length))  # padded rows are 0 -> 0 after normalisation
     kh = m.l2n(_to_tiles(k, length))
     a2 = _gate_log2(m, _to_tiles(g, length), A_log, dt_bias, lb)

@@ -131,7 +131,7 @@ def test_valid_int_scalars():
 
 @pytest.mark.parametrize("B,T,H", [(0, 64, 4), (2, 0, 4), (2, 64, 0), (0, 0, 0)])
 def test_empty_work_is_valid(B, T, H):
-    p = validate_prefill(**make_args(B=B, T=T, H=H, initial="bfloat16", final="float32"))
+    p = validate_prefill(**make_args(B=B, T=T, H=H, initial="float32", final="float32"))
     assert (p.B, p.T, p.H) == (B, T, H) and p.empty
 
 

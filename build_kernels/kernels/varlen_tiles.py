@@ -1,9 +1,10 @@
-"""Varlen preparation: the per-sequence tile prefix sum, computed on the device.
+"""Sequence tables on the device: token starts and the per-sequence tile prefix sum.
 
+seq_start[n] = cu_seqlens[n] as int32 (or n*T for dense inputs), and
 tile_prefix[0] = 0, tile_prefix[n + 1] = tile_prefix[n] + ceil(len_n / CHUNK), with
 len_n = cu_seqlens[n + 1] - cu_seqlens[n] (spec 1.3: a sequence owns ceil(len/16) tiles and the
 global tile index of its tile j is tile_prefix[n] + j). K1 and K2 read this table, so a packed batch
-needs no device-to-host copy to be launched.
+needs no device-to-host copy to be launched (docs/kernel_abi.md).
 
 One CTA of THREADS threads scans the sequences in blocks of THREADS: a warp-level inclusive scan
 with shuffles, the warp totals through shared memory, and a running carry across blocks. A single
@@ -23,7 +24,8 @@ WARPS = THREADS // 32
 
 
 @cute.kernel
-def _tile_prefix_kernel(mCu: cute.Tensor, mPrefix: cute.Tensor, n_seq: Int32):
+def _seq_tables_kernel(mCu: cute.Tensor, mStart: cute.Tensor, mPrefix: cute.Tensor, n_seq: Int32, seq_len: Int32,
+                       dense: cutlass.Constexpr[bool]):
     tidx, _, _ = cute.arch.thread_idx()
     lane = cute.arch.lane_idx()
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -33,14 +35,21 @@ def _tile_prefix_kernel(mCu: cute.Tensor, mPrefix: cute.Tensor, n_seq: Int32):
 
     if tidx == 0:
         mPrefix[0] = Int32(0)
+        mStart[0] = Int32(0)
     carry = Int32(0)
     for base in cutlass.range(0, n_seq, THREADS, unroll=1):
         i = base + tidx
         tiles = Int32(0)
         if i < n_seq:
-            length = Int64(mCu[i + 1]) - Int64(mCu[i])
-            if length > 0:
-                tiles = Int32((length + (CHUNK - 1)) // CHUNK)
+            if cutlass.const_expr(dense):
+                mStart[i + 1] = (i + 1) * seq_len
+                tiles = (seq_len + (CHUNK - 1)) // CHUNK
+            else:
+                end = Int64(mCu[i + 1])
+                mStart[i + 1] = Int32(end)
+                length = end - Int64(mCu[i])
+                if length > 0:
+                    tiles = Int32((length + (CHUNK - 1)) // CHUNK)
         # Inclusive scan inside the warp.
         x = tiles
         for offset in cutlass.range_constexpr(5):
@@ -65,9 +74,20 @@ def _tile_prefix_kernel(mCu: cute.Tensor, mPrefix: cute.Tensor, n_seq: Int32):
 
 
 @cute.jit
-def tile_prefix(cu_seqlens: cute.Pointer, tile_prefix_out: cute.Pointer, n_seq: Int32,
-                stream: cuda.CUstream):
-    """Host entry: cu_seqlens int32 or int64 [n_seq + 1] -> tile_prefix_out int32 [n_seq + 1]."""
-    mCu = cute.make_tensor(cu_seqlens, cute.make_layout(n_seq + 1))
-    mPrefix = cute.make_tensor(tile_prefix_out, cute.make_layout(n_seq + 1))
-    _tile_prefix_kernel(mCu, mPrefix, n_seq).launch(grid=(1, 1, 1), block=(THREADS, 1, 1), stream=stream)
+def seq_tables_varlen(cu_seqlens: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer, n_seq: Int32,
+                      stream: cuda.CUstream):
+    """cu_seqlens int32/int64 [n_seq + 1] -> seq_start, tile_prefix int32 [n_seq + 1]."""
+    table = cute.make_layout(n_seq + 1)
+    _seq_tables_kernel(cute.make_tensor(cu_seqlens, table), cute.make_tensor(seq_start, table),
+                       cute.make_tensor(tile_prefix, table), n_seq, Int32(0), False).launch(
+        grid=(1, 1, 1), block=(THREADS, 1, 1), stream=stream)
+
+
+@cute.jit
+def seq_tables_dense(seq_start: cute.Pointer, tile_prefix: cute.Pointer, n_seq: Int32, seq_len: Int32,
+                     stream: cuda.CUstream):
+    """Dense [B, T] input: B sequences of seq_len tokens each."""
+    table = cute.make_layout(n_seq + 1)
+    start = cute.make_tensor(seq_start, table)
+    _seq_tables_kernel(start, start, cute.make_tensor(tile_prefix, table), n_seq, seq_len, True).launch(
+        grid=(1, 1, 1), block=(THREADS, 1, 1), stream=stream)
