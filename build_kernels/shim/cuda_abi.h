@@ -21,6 +21,7 @@ typedef struct cudaLaunchConfig_st cudaLaunchConfig_t;
 
 cudaError_t cudaGetDevice(int *device);
 cudaError_t cudaGetDeviceCount(int *count);
+cudaError_t cudaSetDevice(int device);
 cudaError_t cudaDeviceGetAttribute(int *value, int attr, int device);
 cudaError_t cudaFuncSetAttribute(const void *func, int attr, int value);
 cudaError_t cudaKernelSetAttributeForDevice(cudaKernel_t kernel, int attr, int value, int device);

@@ -25,6 +25,10 @@ KDA_API const char *kda_error_name(int32_t err) { return cudaGetErrorName(err); 
 
 KDA_API int32_t kda_device_count(int32_t *count) { return cudaGetDeviceCount(count); }
 
+/* This library carries its own static CUDA runtime, whose current device is separate from the
+ * framework's: the launcher selects the tensors' device before every launch. */
+KDA_API int32_t kda_set_device(int32_t device) { return cudaSetDevice(device); }
+
 /* Loads kernel i's cubin on every visible device. Not thread-safe by itself: the Python loader
  * serialises calls and calls it once per kernel per process. */
 KDA_API int32_t kda_load(int32_t i) {

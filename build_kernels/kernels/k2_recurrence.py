@@ -1,0 +1,300 @@
+"""K2: the chunk recurrence of KDA prefill (spec 2.3, 2.4 Q1-Q7, 3.3, 4.8, 6; docs/kernel_abi.md).
+
+Grid (n_seq, n_heads, 128 // VB), VB = value_block in {128, 64, 32}. CTA (n, h, vb) runs every tile
+of sequence n for head h and owns the value channels [vb*VB, vb*VB + VB): their rows of the state
+S (V x K, kept transposed as S^T[k, v] in bf16 shared memory for the whole sequence) and their
+output columns. Tile j of sequence n is global tile tile_prefix[n] + j, workspace slot
+h*cap + tile_prefix[n] + j, first token seq_start[n] + 16 j, valid rows m = min(16, seq_start[n+1] - start).
+
+Thread roles (160 threads, no store warp: outputs go straight from the MMA warps):
+  warps 0-3  MMA warps. Warp w owns NW = VB/4 value columns (NB = NW/8 n-blocks of 8) and the matching
+             slice of S^T; nothing it touches in smem state is shared with another warp, so the warps
+             never synchronise with each other, only with the producer through the stage barriers.
+  warp 4     producer: one elected lane arms the stage and issues every bulk copy of a tile.
+
+Per tile, per MMA warp (all fragments in registers; fp32 ops separately rounded, spec 2.4):
+  Q1  u = bf(acc32(Kd S^T)), o1 = bf(acc32(Qd S^T)): 8 k-steps of m16n8k16 per n-block, A from the raw
+      Kd/Qd images (ldmatrix.x4, lane address base + 512 kb + 16 lane), B from S^T (ldmatrix.x4.trans)
+  Q2  r = bf(bf(v - u) * bsig), v rows >= m forced to 0 (the stage holds only m copied rows)
+  Q3  U = bf(acc32(INV r)): r's C fragment -> bf16 pairs -> movmatrix.trans -> B fragment
+  Q4  out = bf(bf(o1) + bf(acc32(Mqk U))), predicated 4-byte global stores of rows < m only
+  Q5  S^T[k, v] = bf(fma(f32(S^T[k, v]), gamma[k], acc32(Kr^T U)[k, v])), A = Kr^T from the raw Kr
+      image (ldmatrix.x4.trans), B = U (the movmatrix'd fragment of Q3), the old state read and the new
+      one written as one 32-bit word per lane at the C-fragment position (conflict-free).
+  Q6  entry S = bf(initial) (fp32 RNE or bf16 as is) or 0; exit bf16 or exact fp32 widening, written
+      by each MMA warp for its own columns even when the sequence has no tile.
+
+Shared memory (bytes):
+  state S^T   VB * 128 * 2 (32768 / 16384 / 8192). Warp region of NW columns: 8x8 core matrices of 128
+              bytes (rows k, 8 v per row), core (kc, vc) at 128 * (vc + NB * kc).
+  stages      STAGES = 3 x STAGE_BYTES, each: qd 4096 | kd 4096 | kr 4096 | gt 512 | inv 512 | mqk 512 |
+              bsig 32 (+96 pad) | v 16 rows x (2 VB + 16) (rows padded by 16 B: conflict-free 32-bit reads)
+              = 18304 / 16256 / 15232 per stage
+  barriers    2 * STAGES mbarriers
+  total       ~ 87.7 KB (VB=128), 65.2 KB (64), 53.9 KB (32)
+
+Pipeline protocol (hand-rolled ring, STAGES stages, tile i uses stage s = i % STAGES, round r = i // STAGES):
+  full[s]   arrive count 1. Producer: wait empty[s] at parity (r & 1) ^ 1 (passes at once in round 0),
+            then one elected lane does arrive.expect_tx(full[s], 13856 + m * 2 VB) and issues the copies
+            that complete exactly those bytes on full[s]: qd, kd, kr (4096 each, raw images), gt 512, inv
+            512, mqk 512, bsig 32 and m rows of v (2 VB bytes each). MMA warps wait full[s] at parity r & 1.
+  empty[s]  arrive count 4. Each MMA warp, after its last read of the stage (end of Q5) and a __syncwarp,
+            arrives once from one elected lane.
+  Every tile the producer issues is consumed, so no copy is in flight when the CTA exits.
+"""
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Int64, Float32
+
+from .mma_ops import (add_rn, bulk_g2s, fma_rn, ldg_bf16_pair, ldg_f32_pair_bf16, lds_b32, lds_bf16_f32, lds_f32,
+                      ldsm_x4, ldsm_x4_t, mma_bf16_16816, movmatrix_t, mul_rn, pack_bf16x2, round_bf16x2,
+                      select_b32, stg_b32_if, stg_bf16_pair, stg_f32_pair_from_bf16, sts_b32, sub_rn, unpack_bf16x2)
+from .tile_ops import CHUNK, D
+
+STAGES = 3
+MMA_WARPS = 4
+LOAD_WARP = 4
+THREADS = 32 * (MMA_WARPS + 1)
+
+TILE_BYTES = CHUNK * D * 2  # one raw 16x128 bf16 image
+GT_BYTES = D * 4
+SQ_BYTES = CHUNK * CHUNK * 2  # inv / mqk
+BSIG_BYTES = CHUNK * 2
+OFF_QD, OFF_KD, OFF_KR = 0, TILE_BYTES, 2 * TILE_BYTES
+OFF_GT = 3 * TILE_BYTES
+OFF_INV = OFF_GT + GT_BYTES
+OFF_MQK = OFF_INV + SQ_BYTES
+OFF_BSIG = OFF_MQK + SQ_BYTES
+OFF_V = OFF_BSIG + 128
+FIXED_TX = 3 * TILE_BYTES + GT_BYTES + 2 * SQ_BYTES + BSIG_BYTES  # 13856 bytes + the v rows
+HEAD_ROW_BYTES = D * 2  # one token row of one head in v / out
+
+
+def v_stride(vb: int) -> int:
+    return 2 * vb + 16
+
+
+def stage_bytes(vb: int) -> int:
+    return (OFF_V + CHUNK * v_stride(vb) + 127) // 128 * 128
+
+
+@cute.kernel
+def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64,
+               inv_ptr: Int64, mqk_ptr: Int64, bsig_ptr: Int64, mStart: cute.Tensor, mPrefix: cute.Tensor,
+               init_ptr: Int64, final_ptr: Int64, n_heads: Int32, cap: Int32,
+               has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
+               state_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int]):
+    VB = value_block
+    NW = VB // MMA_WARPS  # value columns per MMA warp
+    NB = NW // 8  # n-blocks of 8 per warp
+    VSTR = v_stride(VB)
+    SB = stage_bytes(VB)
+
+    n, h, vblk = cute.arch.block_idx()
+    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    lane = cute.arch.lane_idx()
+
+    smem = cutlass.memory.SmemAllocator()
+    bars = smem.allocate_array(Int64, 2 * STAGES, byte_alignment=8)
+    buf = smem.allocate(STAGES * SB, byte_alignment=128)
+    sstate = smem.allocate(VB * D * 2, byte_alignment=128)
+    full = bars
+    empty = bars + STAGES
+    buf_addr = buf.toint()
+
+    if warp == 0:
+        with cute.arch.elect_one():
+            for s in cutlass.range_constexpr(STAGES):
+                cute.arch.mbarrier_init(full + s, 1)
+                cute.arch.mbarrier_init(empty + s, MMA_WARPS)
+            cute.arch.mbarrier_init_fence()
+    cute.arch.barrier()
+
+    tok0 = mStart[n]
+    tok_end = mStart[n + 1]
+    tile0 = mPrefix[n]
+    ntiles = mPrefix[n + 1] - tile0
+    h64 = Int64(h)
+    H64 = Int64(n_heads)
+
+    if warp == LOAD_WARP:
+        # ---------------------------------------------------------------- producer
+        slot0 = h64 * Int64(cap) + Int64(tile0)
+        col_bytes = Int64(vblk * (VB * 2))
+        for i in cutlass.range(ntiles, unroll=1):
+            s = i % STAGES
+            cute.arch.mbarrier_wait(empty + s, ((i // STAGES) & 1) ^ 1)
+            start = tok0 + i * CHUNK
+            m = cutlass.min(tok_end - start, CHUNK)
+            slot = slot0 + Int64(i)
+            sb = buf_addr + s * SB
+            fb = (full + s).toint()
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(full + s, FIXED_TX + m * (VB * 2))
+                bulk_g2s(sb + OFF_QD, qd_ptr + slot * TILE_BYTES, TILE_BYTES, fb)
+                bulk_g2s(sb + OFF_KD, kd_ptr + slot * TILE_BYTES, TILE_BYTES, fb)
+                bulk_g2s(sb + OFF_KR, kr_ptr + slot * TILE_BYTES, TILE_BYTES, fb)
+                bulk_g2s(sb + OFF_GT, gt_ptr + slot * GT_BYTES, GT_BYTES, fb)
+                bulk_g2s(sb + OFF_INV, inv_ptr + slot * SQ_BYTES, SQ_BYTES, fb)
+                bulk_g2s(sb + OFF_MQK, mqk_ptr + slot * SQ_BYTES, SQ_BYTES, fb)
+                bulk_g2s(sb + OFF_BSIG, bsig_ptr + slot * BSIG_BYTES, BSIG_BYTES, fb)
+                vrow = v_ptr + (Int64(start) * H64 + h64) * HEAD_ROW_BYTES + col_bytes
+                for r in cutlass.range(m, unroll=1):
+                    bulk_g2s(sb + OFF_V + r * VSTR, vrow + Int64(r) * H64 * HEAD_ROW_BYTES, VB * 2, fb)
+    else:
+        # ---------------------------------------------------------------- MMA warps
+        w = warp
+        g = lane >> 2  # C-fragment row (and row + 8)
+        q = lane & 3  # C-fragment column pair
+        j4 = lane >> 3  # ldmatrix matrix index supplied by this lane
+        i8 = lane & 7  # ldmatrix row supplied by this lane
+        region = sstate.toint() + w * (NW * D * 2)
+        col0 = vblk * VB + w * NW  # first global value column of this warp
+        state_base = (Int64(n) * H64 + h64) * Int64(D * D)  # element index of state[n, h, 0, 0]
+
+        # lane offsets (bytes)
+        off_a = lane * 16  # A operand from a raw image: base + 512 kb + 16 lane
+        if cutlass.const_expr(NB >= 2):
+            off_sb = 128 * ((j4 >> 1) + NB * (j4 & 1)) + 16 * i8  # + 128 * (2 p + 2 NB kb)
+        else:
+            off_sb = 16 * lane  # matrices kc = 2 kb .. 2 kb + 3: + 256 kb
+        off_kr = 256 * (j4 & 1) + 128 * (j4 >> 1) + 16 * i8  # + 512 mb (transposed Kr^T A operand)
+        off_sq = 32 * (8 * (j4 & 1) + i8) + 16 * (j4 >> 1)  # row-major 16x16 A operand
+
+        # -------- Q6 entry state: S^T[k, v] = bf(initial[n, h, v, k]) or 0, this warp's columns
+        # word (k, v pair p) at region + 128 * (vc + NB * kc) + 16 * (k & 7) + 4 * (p & 3)
+        for jj in cutlass.range_constexpr(D // 32):
+            k = lane + 32 * jj
+            kaddr = region + 128 * NB * (k >> 3) + 16 * (k & 7)
+            for p in cutlass.range_constexpr(NW // 2):
+                waddr = kaddr + 128 * (p // 4) + 4 * (p % 4)
+                if cutlass.const_expr(has_initial):
+                    e0 = state_base + Int64(col0 + 2 * p) * D + Int64(k)
+                    if cutlass.const_expr(state_fp32):
+                        word = ldg_f32_pair_bf16(init_ptr + e0 * 4, init_ptr + (e0 + D) * 4)
+                    else:
+                        word = ldg_bf16_pair(init_ptr + e0 * 2, init_ptr + (e0 + D) * 2)
+                    sts_b32(waddr, word)
+                else:
+                    sts_b32(waddr, Int32(0))
+        cute.arch.sync_warp()
+
+        zero = Float32(0.0)
+        for i in cutlass.range(ntiles, unroll=1):
+            s = i % STAGES
+            cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
+            sb = buf_addr + s * SB
+            start = tok0 + i * CHUNK
+            m = cutlass.min(tok_end - start, CHUNK)
+
+            # -------- Q1: u, o1 accumulators, 8 sequential k-steps
+            acc_u = [[zero, zero, zero, zero] for _ in range(NB)]
+            acc_o = [[zero, zero, zero, zero] for _ in range(NB)]
+            bq = [None, None, None, None]
+            for kb in cutlass.range_constexpr(D // 16):
+                a_k = ldsm_x4(sb + OFF_KD + 512 * kb + off_a)
+                a_q = ldsm_x4(sb + OFF_QD + 512 * kb + off_a)
+                if cutlass.const_expr(NB >= 2):
+                    for p in cutlass.range_constexpr(NB // 2):
+                        bq = ldsm_x4_t(region + 128 * (2 * p + 2 * NB * kb) + off_sb)
+                        for t in cutlass.range_constexpr(2):
+                            bfrag = (bq[2 * t], bq[2 * t + 1])
+                            acc_u[2 * p + t] = list(mma_bf16_16816(a_k, bfrag, acc_u[2 * p + t]))
+                            acc_o[2 * p + t] = list(mma_bf16_16816(a_q, bfrag, acc_o[2 * p + t]))
+                else:
+                    if cutlass.const_expr(kb % 2 == 0):
+                        bq = ldsm_x4_t(region + 256 * kb + off_sb)
+                    t = kb % 2
+                    bfrag = (bq[2 * t], bq[2 * t + 1])
+                    acc_u[0] = list(mma_bf16_16816(a_k, bfrag, acc_u[0]))
+                    acc_o[0] = list(mma_bf16_16816(a_q, bfrag, acc_o[0]))
+
+            # -------- Q2..Q4 per n-block
+            a_inv = ldsm_x4(sb + OFF_INV + off_sq)
+            a_mqk = ldsm_x4(sb + OFF_MQK + off_sq)
+            bs0 = lds_bf16_f32(sb + OFF_BSIG + 2 * g)
+            bs1 = lds_bf16_f32(sb + OFF_BSIG + 2 * (g + 8))
+            ok0 = Int32(g < m)
+            ok1 = Int32(g + 8 < m)
+            row0 = Int64(start + g) * H64 + h64
+            out_a0 = out_ptr + row0 * HEAD_ROW_BYTES + Int64(col0 + 2 * q) * 2
+            out_a1 = out_a0 + Int64(8) * H64 * HEAD_ROW_BYTES
+            v_a0 = sb + OFF_V + g * VSTR + (w * NW + 2 * q) * 2
+            u_frag = []
+            for nb in cutlass.range_constexpr(NB):
+                u0, u1 = round_bf16x2(acc_u[nb][0], acc_u[nb][1])
+                u2, u3 = round_bf16x2(acc_u[nb][2], acc_u[nb][3])
+                vw0 = select_b32(ok0, lds_b32(v_a0 + 16 * nb), Int32(0))
+                vw1 = select_b32(ok1, lds_b32(v_a0 + 8 * VSTR + 16 * nb), Int32(0))
+                v0, v1 = unpack_bf16x2(vw0)
+                v2, v3 = unpack_bf16x2(vw1)
+                d0, d1 = round_bf16x2(sub_rn(v0, u0), sub_rn(v1, u1))
+                d2, d3 = round_bf16x2(sub_rn(v2, u2), sub_rn(v3, u3))
+                r_lo = pack_bf16x2(mul_rn(d0, bs0), mul_rn(d1, bs0))
+                r_hi = pack_bf16x2(mul_rn(d2, bs1), mul_rn(d3, bs1))
+                uu = mma_bf16_16816(a_inv, (movmatrix_t(r_lo), movmatrix_t(r_hi)), (zero, zero, zero, zero))
+                ub = (movmatrix_t(pack_bf16x2(uu[0], uu[1])), movmatrix_t(pack_bf16x2(uu[2], uu[3])))
+                u_frag.append(ub)
+                o2 = mma_bf16_16816(a_mqk, ub, (zero, zero, zero, zero))
+                o1r0, o1r1 = round_bf16x2(acc_o[nb][0], acc_o[nb][1])
+                o1r2, o1r3 = round_bf16x2(acc_o[nb][2], acc_o[nb][3])
+                o2r0, o2r1 = round_bf16x2(o2[0], o2[1])
+                o2r2, o2r3 = round_bf16x2(o2[2], o2[3])
+                ow0 = pack_bf16x2(add_rn(o1r0, o2r0), add_rn(o1r1, o2r1))
+                ow1 = pack_bf16x2(add_rn(o1r2, o2r2), add_rn(o1r3, o2r3))
+                stg_b32_if(out_a0 + 16 * nb, ow0, ok0)
+                stg_b32_if(out_a1 + 16 * nb, ow1, ok1)
+
+            # -------- Q5: S^T = bf(fma(S^T, gamma, Kr^T U)), 8 m-blocks of 16 keys
+            for mb in cutlass.range_constexpr(D // 16):
+                a_kr = ldsm_x4_t(sb + OFF_KR + 512 * mb + off_kr)
+                gam0 = lds_f32(sb + OFF_GT + 4 * (16 * mb + g))
+                gam1 = lds_f32(sb + OFF_GT + 4 * (16 * mb + 8 + g))
+                for nb in cutlass.range_constexpr(NB):
+                    ds = mma_bf16_16816(a_kr, u_frag[nb], (zero, zero, zero, zero))
+                    w_a0 = region + 128 * (nb + NB * (2 * mb)) + 4 * lane
+                    w_a1 = w_a0 + 128 * NB
+                    s0, s1 = unpack_bf16x2(lds_b32(w_a0))
+                    s2, s3 = unpack_bf16x2(lds_b32(w_a1))
+                    sts_b32(w_a0, pack_bf16x2(fma_rn(s0, gam0, ds[0]), fma_rn(s1, gam0, ds[1])))
+                    sts_b32(w_a1, pack_bf16x2(fma_rn(s2, gam1, ds[2]), fma_rn(s3, gam1, ds[3])))
+
+            # state writes visible to the whole warp; stage reads done -> release it
+            cute.arch.sync_warp()
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive(empty + s)
+
+        # -------- Q6 exit state
+        if cutlass.const_expr(has_final):
+            for jj in cutlass.range_constexpr(D // 32):
+                k = lane + 32 * jj
+                kaddr = region + 128 * NB * (k >> 3) + 16 * (k & 7)
+                for p in cutlass.range_constexpr(NW // 2):
+                    word = lds_b32(kaddr + 128 * (p // 4) + 4 * (p % 4))
+                    e0 = state_base + Int64(col0 + 2 * p) * D + Int64(k)
+                    if cutlass.const_expr(state_fp32):
+                        stg_f32_pair_from_bf16(final_ptr + e0 * 4, final_ptr + (e0 + D) * 4, word)
+                    else:
+                        stg_bf16_pair(final_ptr + e0 * 2, final_ptr + (e0 + D) * 2, word)
+
+
+@cute.jit
+def k2_recurrence(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: cute.Pointer,
+                  ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer, ws_mqk: cute.Pointer,
+                  ws_bsig: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer,
+                  initial_state: cute.Pointer, final_state: cute.Pointer, t_total: Int32, n_seq: Int32,
+                  n_heads: Int32, cap: Int32, stream: cuda.CUstream,
+                  has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
+                  state_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int]):
+    """K2 host entry: v/out [T_total, H, 128] bf16, workspace regions (docs/kernel_abi.md), sequence
+    tables [n_seq + 1] int32, states [n_seq, H, 128, 128] (V x K). t_total is not needed by the
+    kernel (every access is bounded by seq_start)."""
+    assert value_block in (128, 64, 32)
+    table = cute.make_layout(n_seq + 1)
+    _k2_kernel(v.toint(), out.toint(), ws_qd.toint(), ws_kd.toint(), ws_kr.toint(), ws_gt.toint(),
+               ws_inv.toint(), ws_mqk.toint(), ws_bsig.toint(), cute.make_tensor(seq_start, table),
+               cute.make_tensor(tile_prefix, table), initial_state.toint(), final_state.toint(), n_heads, cap,
+               has_initial, has_final, state_fp32, value_block).launch(
+        grid=(n_seq, n_heads, D // value_block), block=(THREADS, 1, 1), stream=stream)

@@ -1,0 +1,141 @@
+"""Public functions: `prefill` and `info`.
+
+`prefill` is the validation wall's only door: every argument is read through DLPack, validated
+(validation.py), and only then are outputs allocated and kernels launched. A bad argument never
+reaches the GPU and never leaves an output partially written.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import __version__, launcher, streams
+from .loader import CudaError, KdaError, get_library, library_dir
+from .tensors import TensorDesc, describe, describe_optional
+from .validation import check_cu_seqlens_values, validate_prefill
+
+D = 128
+
+
+def prefill(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0, scale: Optional[float] = None,
+            initial_state=None, output_final_state: bool = False, cu_seqlens=None, cp="auto", out=None,
+            final_state=None, stream=None, seq_lens: Optional[Sequence[int]] = None,
+            value_split: Optional[int] = None) -> Tuple[Any, Any]:
+    """KDA prefill (kda_spec.md): returns (o, final_state or None).
+
+    q, k, v, g: bf16 [B, T, H, 128]; beta: bf16 logits [B, T, H]; A_log fp32 [H]; dt_bias fp32
+    [H, 128] (or [H*128]); initial_state / final_state: [N, H, 128 (V), 128 (K)] bf16 or fp32.
+    Packed varlen: B == 1 and cu_seqlens int32/int64 [N + 1]. `out` and `final_state` are written
+    in place when given, else allocated with q's framework (torch or CuPy); with
+    output_final_state=True and no buffer, the final state is fp32. `seq_lens`: optional host copy
+    of the sequence lengths, which spares the device-to-host read of cu_seqlens. `stream`: a CUDA
+    stream (handle, `__cuda_stream__` object or torch stream); default: torch's current stream
+    for torch callers, else the legacy default stream. `value_split` forces the K2 value-column
+    split (1, 2 or 4; tests and benchmarks).
+    """
+    if final_state is not None and not output_final_state:
+        raise ValueError("final_state: a buffer was given but output_final_state=False")
+    t = {name: describe(obj, name) for name, obj in
+         (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("A_log", A_log), ("dt_bias", dt_bias))}
+    t.update(initial_state=describe_optional(initial_state, "initial_state"),
+             cu_seqlens=describe_optional(cu_seqlens, "cu_seqlens"),
+             out=describe_optional(out, "out"), final_state=describe_optional(final_state, "final_state"))
+    problem = validate_prefill(q=t["q"], k=t["k"], v=t["v"], g=t["g"], beta=t["beta"], A_log=t["A_log"],
+                               dt_bias=t["dt_bias"], lower_bound=lower_bound, scale=scale,
+                               initial_state=t["initial_state"], final_state=t["final_state"],
+                               cu_seqlens=t["cu_seqlens"], out=t["out"], cp=cp)
+    handle = streams.stream_handle(stream, problem.device_id)
+    if problem.varlen:
+        _check_host_lengths(t["cu_seqlens"], problem.T, seq_lens, handle)
+    if problem.cp == "on" or isinstance(problem.cp, int):
+        raise NotImplementedError(f"cp: context parallelism ({problem.cp!r}) is not in this build; use 'auto' or 'off'")
+    lib = get_library()
+    if not launcher.serial_available(lib):
+        raise NotImplementedError("this build of kda-aot has no K1/K2 kernels yet (see kda_aot.info())")
+
+    if out is None:
+        out = _empty_like(q, t["q"].shape, "bfloat16")
+        t["out"] = describe(out, "out")
+    if output_final_state and final_state is None:
+        final_state = _empty_like(q, (problem.N, problem.H, D, D), "float32")
+        t["final_state"] = describe(final_state, "final_state")
+        problem = _with_final(problem)
+    launcher.run_serial(lib, problem, t, handle, streams.sm_count(problem.device_id), value_split=value_split)
+    return out, (final_state if output_final_state else None)
+
+
+def _with_final(problem):
+    import dataclasses
+
+    state_dtype = problem.state_dtype or "float32"
+    return dataclasses.replace(problem, has_final=True, state_dtype=state_dtype)
+
+
+def _check_host_lengths(cu: TensorDesc, T: int, seq_lens: Optional[Sequence[int]], stream: int) -> None:
+    """Check cu_seqlens' values on the host (spec 1.4), reading them back only when needed.
+
+    A read-back is a device-to-host sync, which is illegal while the stream is being captured
+    into a CUDA graph: then the values cannot be checked and the kernels clamp bad lengths.
+    """
+    if seq_lens is not None:
+        lengths = [int(x) for x in seq_lens]
+        if len(lengths) != cu.shape[0] - 1:
+            raise ValueError(f"seq_lens: expected {cu.shape[0] - 1} lengths (one per sequence), got {len(lengths)}")
+        check_cu_seqlens_values(np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).tolist(), T)
+        return
+    if streams.is_capturing(stream):
+        return
+    check_cu_seqlens_values(read_device_array(cu, stream).tolist(), T)
+
+
+def read_device_array(desc: TensorDesc, stream: int) -> np.ndarray:
+    """Copy a small device array to the host, ordered after the work already on `stream`."""
+    from cuda.bindings import driver
+
+    host = np.empty(desc.shape, dtype=np.dtype(desc.dtype))
+    if host.nbytes:
+        (err,) = driver.cuMemcpyDtoHAsync(host.ctypes.data, desc.ptr, host.nbytes, driver.CUstream(stream))
+        if err == driver.CUresult.CUDA_SUCCESS:
+            (err,) = driver.cuStreamSynchronize(driver.CUstream(stream))
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise KdaError(f"{desc.name}: reading it back to the host failed: {err}")
+    return host
+
+
+def _empty_like(ref, shape, dtype: str):
+    """An uninitialised device array from the framework that produced `ref` (no new imports)."""
+    module = type(ref).__module__.split(".")[0]
+    if module == "torch":
+        torch = sys.modules["torch"]
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=ref.device)
+    if module == "cupy":
+        cupy = sys.modules["cupy"]
+        with cupy.cuda.Device(ref.device.id):
+            return cupy.empty(shape, dtype=np.dtype("float32") if dtype == "float32" else _ml_bf16())
+    raise TypeError(f"out: inputs from {module} cannot be allocated here; pass out= (and final_state=)")
+
+
+def _ml_bf16():
+    import ml_dtypes
+
+    return ml_dtypes.bfloat16
+
+
+def info() -> dict:
+    """Version, build manifest, library path and the CUDA devices found (or why none)."""
+    result = {"version": __version__, "library_dir": str(library_dir())}
+    try:
+        lib = get_library()
+    except (KdaError, OSError) as exc:
+        result.update(library=None, error=str(exc))
+        return result
+    result.update(library=str(lib.path), manifest=lib.manifest, kernels=sorted(lib.kernels))
+    try:
+        result["devices"] = lib.device_count()
+    except CudaError as exc:
+        result["devices"] = 0
+        result["device_error"] = str(exc)
+    return result

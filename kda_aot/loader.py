@@ -1,0 +1,172 @@
+"""Find and load the kernel library once per process; turn CUDA errors into Python exceptions.
+
+The library exposes a handful of C functions (build_kernels/shim/kda_shim.c): kernel i is
+loaded with kda_load(i) and launched with kda_launch(i, args, n), where args points to the
+argument values in the order the manifest lists them. The manifest is the build's description of
+every kernel; the loader refuses a library whose kernels do not match it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+LIB_DIR = Path(__file__).resolve().parent / "_lib"
+LIB_NAME = "libkda_kernels.so"
+MANIFEST_NAME = "manifest.json"
+# An explicit build directory (holding the library and manifest) wins over the packaged one:
+# used by development builds and the device scripts.
+LIB_DIR_ENV = "KDA_AOT_LIB_DIR"
+
+
+class KdaError(RuntimeError):
+    """Base class of the runtime's own errors."""
+
+
+class LibraryNotFoundError(KdaError):
+    pass
+
+
+class CudaError(KdaError):
+    """A CUDA call inside the library failed; carries the kernel name and the CUDA error."""
+
+    def __init__(self, what: str, code: int, name: str, message: str):
+        super().__init__(f"{what}: CUDA error {code} ({name}): {message}")
+        self.code = code
+        self.cuda_name = name
+
+
+_CTYPES = {"i32": ctypes.c_int32, "i64": ctypes.c_int64, "f32": ctypes.c_float}
+
+
+class Kernel:
+    """One exported kernel variant: call it with values in manifest order (stream last)."""
+
+    def __init__(self, library: "KernelLibrary", index: int, spec: dict):
+        self.library = library
+        self.index = index
+        self.name: str = spec["name"]
+        self.entry: str = spec.get("entry", "")
+        self.args: List[dict] = spec["args"]
+        self.constants: dict = spec.get("constants", {})
+        self._loaded = False
+
+    def __repr__(self) -> str:
+        return f"Kernel({self.name})"
+
+    def ensure_loaded(self) -> None:
+        if self._loaded:
+            return
+        with self.library._lock:
+            if not self._loaded:
+                self.library._check(self.library._lib.kda_load(self.index), f"loading kernel {self.name}")
+                self._loaded = True
+
+    def __call__(self, *values) -> None:
+        if len(values) != len(self.args):
+            raise TypeError(f"kernel {self.name} takes {len(self.args)} arguments "
+                            f"({', '.join(a['name'] for a in self.args)}), got {len(values)}")
+        self.ensure_loaded()
+        boxed = []
+        for spec, value in zip(self.args, values):
+            kind = spec["kind"]
+            if kind in ("ptr", "stream"):
+                boxed.append(ctypes.c_void_p(int(value or 0)))
+            else:
+                boxed.append(_CTYPES[kind](value))
+        argv = (ctypes.c_void_p * len(boxed))(*[ctypes.cast(ctypes.pointer(b), ctypes.c_void_p) for b in boxed])
+        self.library._check(self.library._lib.kda_launch(self.index, argv, len(boxed)), f"kernel {self.name}")
+
+
+class KernelLibrary:
+    """The loaded shared library and its manifest."""
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self.path = self.directory / LIB_NAME
+        manifest_path = self.directory / MANIFEST_NAME
+        if not self.path.exists() or not manifest_path.exists():
+            raise LibraryNotFoundError(
+                f"kda-aot kernel library not found in {self.directory} (expected {LIB_NAME} and {MANIFEST_NAME}); "
+                "install a built wheel or build from source with `pip install .`")
+        self.manifest: dict = json.loads(manifest_path.read_text())
+        self._lock = threading.Lock()
+        self._lib = ctypes.CDLL(str(self.path))
+        self._declare()
+        self.kernels: Dict[str, Kernel] = {}
+        count = self._lib.kda_kernel_count()
+        specs = self.manifest["kernels"]
+        if count != len(specs):
+            raise KdaError(f"{self.path}: library has {count} kernels, manifest lists {len(specs)}: stale build")
+        for i, spec in enumerate(specs):
+            name = self._lib.kda_kernel_name(i).decode()
+            if name != spec["name"]:
+                raise KdaError(f"{self.path}: kernel {i} is {name}, manifest says {spec['name']}: stale build")
+            self.kernels[name] = Kernel(self, i, spec)
+
+    def _declare(self) -> None:
+        lib = self._lib
+        lib.kda_kernel_count.restype = ctypes.c_int32
+        lib.kda_kernel_name.restype = ctypes.c_char_p
+        lib.kda_kernel_name.argtypes = [ctypes.c_int32]
+        lib.kda_error_string.restype = ctypes.c_char_p
+        lib.kda_error_string.argtypes = [ctypes.c_int32]
+        lib.kda_error_name.restype = ctypes.c_char_p
+        lib.kda_error_name.argtypes = [ctypes.c_int32]
+        lib.kda_device_count.restype = ctypes.c_int32
+        lib.kda_device_count.argtypes = [ctypes.POINTER(ctypes.c_int32)]
+        lib.kda_set_device.restype = ctypes.c_int32
+        lib.kda_set_device.argtypes = [ctypes.c_int32]
+        lib.kda_load.restype = ctypes.c_int32
+        lib.kda_load.argtypes = [ctypes.c_int32]
+        lib.kda_launch.restype = ctypes.c_int32
+        lib.kda_launch.argtypes = [ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int32]
+
+    def _check(self, code: int, what: str) -> None:
+        if code != 0:
+            raise CudaError(what, code, self._lib.kda_error_name(code).decode(),
+                            self._lib.kda_error_string(code).decode())
+
+    def kernel(self, name: str) -> Kernel:
+        try:
+            return self.kernels[name]
+        except KeyError:
+            raise KdaError(f"kernel {name} is not in this build ({self.path})") from None
+
+    def has(self, name: str) -> bool:
+        return name in self.kernels
+
+    def device_count(self) -> int:
+        """Visible CUDA devices; raises CudaError when there is no usable driver."""
+        count = ctypes.c_int32(0)
+        self._check(self._lib.kda_device_count(ctypes.byref(count)), "querying CUDA devices")
+        return count.value
+
+    def set_device(self, device_id: int) -> None:
+        self._check(self._lib.kda_set_device(device_id), f"selecting CUDA device {device_id}")
+
+
+_library: Optional[KernelLibrary] = None
+_library_lock = threading.Lock()
+
+
+def library_dir() -> Path:
+    return Path(os.environ.get(LIB_DIR_ENV) or LIB_DIR)
+
+
+def get_library() -> KernelLibrary:
+    """The process-wide library, loaded on first use (thread-safe)."""
+    global _library
+    if _library is None:
+        with _library_lock:
+            if _library is None:
+                _library = KernelLibrary(library_dir())
+    return _library
+
+
+def kernel_names() -> Sequence[str]:
+    return list(get_library().kernels)

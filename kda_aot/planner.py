@@ -1,0 +1,75 @@
+"""Pure-Python planning: tile capacity, the K2 value-column split and kernel variant choice.
+
+Nothing here touches the GPU; every decision depends only on the validated problem and the SM
+count, so it is unit-tested on the CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Mapping, Optional
+
+CHUNK = 16
+VALUE_SPLITS = (1, 2, 4)  # K2 value blocks per (sequence, head): 128, 64 or 32 value rows each
+D = 128
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def tile_capacity(T: int, N: int, varlen: bool) -> int:
+    """Workspace slots per head: exact for dense inputs, an upper bound for packed ones.
+
+    A packed batch of N sequences and T tokens has at most ceil(T/16) + N tiles (each sequence
+    adds at most one partial tile); the exact count lives on the device (tile_prefix[N]).
+    """
+    if N == 0 or T == 0:
+        return 0
+    return ceil_div(T, CHUNK) + N if varlen else N * ceil_div(T, CHUNK)
+
+
+def value_split(n_seq: int, n_heads: int, sm_count: int) -> int:
+    """How many CTAs share one (sequence, head) in K2, each owning 128/split value rows.
+
+    Rows of the state evolve independently, so splitting them costs only re-reading the
+    workspace tile from L2. Take the smallest split that gives every SM a CTA; past 4 the
+    16x32 per-warp MMA tiles get too thin. (docs/value_split.md records the measurements.)
+    """
+    work = n_seq * n_heads
+    for split in VALUE_SPLITS:
+        if work * split >= sm_count:
+            return split
+    return VALUE_SPLITS[-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class SerialPlan:
+    tile_capacity: int
+    value_split: int
+    k2_constants: Mapping[str, object]
+    reason: str
+
+
+def plan_serial(*, T: int, N: int, H: int, varlen: bool, has_initial: bool, has_final: bool,
+                state_dtype: Optional[str], sm_count: int, value_split_override: Optional[int] = None) -> SerialPlan:
+    split = value_split_override or value_split(N, H, sm_count)
+    if split not in VALUE_SPLITS:
+        raise ValueError(f"value_split: expected one of {VALUE_SPLITS}, got {split}")
+    constants = {
+        "has_initial": has_initial,
+        "has_final": has_final,
+        "state_fp32": state_dtype == "float32" and (has_initial or has_final),
+        "value_block": D // split,
+    }
+    return SerialPlan(tile_capacity(T, N, varlen), split, constants,
+                      f"{N * H} (sequence, head) pairs x {split} value blocks on {sm_count} SMs")
+
+
+def select_variant(kernels: Iterable, entry: str, constants: Mapping[str, object]):
+    """The kernel whose manifest entry and constants match exactly."""
+    for kernel in kernels:
+        if kernel.args and getattr(kernel, "entry", None) == entry and all(
+                kernel.constants.get(k) == v for k, v in constants.items()):
+            return kernel
+    raise LookupError(f"no {entry} kernel with {dict(constants)} in this build")

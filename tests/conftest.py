@@ -1,0 +1,35 @@
+"""Shared fixtures: GPU tests skip cleanly where there is no usable Hopper GPU."""
+
+import functools
+
+import pytest
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_unavailable_reason():
+    """None when a CUDA device of compute capability 9.x is usable by both torch and kda_aot."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA device visible to torch"
+    major, _ = torch.cuda.get_device_capability()
+    if major != 9:
+        return f"kernels are built for sm_90a; this device is sm_{major}x"
+    from kda_aot.loader import KdaError, get_library
+
+    try:
+        if get_library().device_count() == 0:
+            return "kda_aot library sees no device"
+    except (KdaError, OSError) as exc:
+        return f"kda_aot library unusable: {exc}"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            reason = gpu_unavailable_reason()
+            if reason is not None:
+                item.add_marker(pytest.mark.skip(reason=reason))

@@ -1,0 +1,45 @@
+"""The public API on a machine without a GPU: arguments are refused before anything runs."""
+
+import pytest
+import torch
+
+import kda_aot
+
+
+def _inputs(B=1, T=32, H=2):
+    g = torch.Generator().manual_seed(0)
+    bf = dict(dtype=torch.bfloat16)
+    return dict(q=torch.randn(B, T, H, 128, generator=g).to(**bf), k=torch.randn(B, T, H, 128, generator=g).to(**bf),
+                v=torch.randn(B, T, H, 128, generator=g).to(**bf), g=torch.randn(B, T, H, 128, generator=g).to(**bf),
+                beta=torch.randn(B, T, H, generator=g).to(**bf), A_log=torch.rand(H, generator=g),
+                dt_bias=torch.rand(H, 128, generator=g))
+
+
+def test_cpu_tensors_are_refused_naming_q():
+    x = _inputs()
+    with pytest.raises(TypeError, match=r"^q: "):
+        kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"])
+
+
+def test_final_state_buffer_requires_output_final_state():
+    x = _inputs()
+    with pytest.raises(ValueError, match=r"^final_state: "):
+        kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+                        final_state=torch.empty(1, 2, 128, 128))
+
+
+def test_non_tensor_is_refused():
+    x = _inputs()
+    with pytest.raises(TypeError, match=r"^v: expected a DLPack tensor"):
+        kda_aot.prefill(x["q"], x["k"], [1, 2, 3], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"])
+
+
+def test_runtime_imports_without_torch_or_dsl():
+    import subprocess
+    import sys
+
+    code = ("import sys, kda_aot; kda_aot.info(); "
+            "bad = [m for m in ('torch', 'cutlass', 'build_kernels') if m in sys.modules]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

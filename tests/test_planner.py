@@ -1,0 +1,33 @@
+"""Planner decisions (pure Python)."""
+
+import pytest
+
+from kda_aot import planner
+
+
+@pytest.mark.parametrize("T,N,varlen,want", [
+    (0, 3, False, 0), (5, 0, True, 0), (16, 2, False, 2), (17, 2, False, 4),
+    (8192, 1, False, 512), (8192, 6, True, 518), (1, 1, True, 2),
+])
+def test_tile_capacity(T, N, varlen, want):
+    assert planner.tile_capacity(T, N, varlen) == want
+
+
+@pytest.mark.parametrize("N,H,sms,want", [
+    (1, 64, 132, 4), (1, 96, 132, 2), (8, 64, 132, 1), (6, 64, 132, 1), (1, 4, 132, 4), (1, 132, 132, 1),
+    (1, 66, 132, 2),
+])
+def test_value_split_fills_the_machine(N, H, sms, want):
+    assert planner.value_split(N, H, sms) == want
+
+
+def test_plan_serial_picks_state_variant():
+    plan = planner.plan_serial(T=100, N=2, H=4, varlen=False, has_initial=True, has_final=False,
+                               state_dtype="float32", sm_count=132)
+    assert plan.k2_constants == {"has_initial": True, "has_final": False, "state_fp32": True, "value_block": 32}
+    plan = planner.plan_serial(T=100, N=2, H=4, varlen=False, has_initial=False, has_final=False,
+                               state_dtype=None, sm_count=132, value_split_override=1)
+    assert plan.k2_constants["value_block"] == 128 and plan.k2_constants["state_fp32"] is False
+    with pytest.raises(ValueError, match="value_split"):
+        planner.plan_serial(T=1, N=1, H=1, varlen=False, has_initial=False, has_final=False, state_dtype=None,
+                            sm_count=132, value_split_override=3)
