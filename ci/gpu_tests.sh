@@ -13,9 +13,9 @@ shift || true
 SITE=$(mktemp -d)
 python3 -m pip install -q --no-deps --no-index --target "$SITE" "$WHEEL" || exit 2
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-python3 -c "import json, kda_aot; i = kda_aot.info(); i.pop('manifest'); print(json.dumps(i))" | tee "$OUT/info.json"
 cd /tmp  # never import the source tree's kda_aot
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "import json, kda_aot; i = kda_aot.info(); i.pop('manifest', None); print(json.dumps(i))" | tee "$OUT/info.json"
 timeout --signal=KILL "${KDA_SUITE_TIMEOUT:-1500}" python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" \
   "$REPO/tests" -p no:cacheprovider --timeout "${KDA_TEST_TIMEOUT:-300}" --junitxml "$OUT/junit.xml" "$@" \
   2>&1 | tee "$OUT/pytest.log"
