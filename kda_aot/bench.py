@@ -1,0 +1,168 @@
+"""Benchmark: kda_aot.prefill against the memory floor and, when importable, FLA's chunk_kda.
+
+    python -m kda_aot.bench [--suite serial|cp|all] [--iters 100] [--warmup 20] [--md FILE]
+
+Method (shared/design/peers_h200.md): random inputs (q, k, v, g, beta ~ N(0,1) bf16, A_log and
+dt_bias ~ U(0,1), lower_bound -5), bf16 initial and final state, median of `iters` CUDA-event
+timings after `warmup` calls. The memory floor is the bytes prefill must move (q, k, v, g, out,
+beta, states) over the device-to-device copy bandwidth measured in the same run. Needs torch and a
+Hopper GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from typing import Callable, List, Sequence
+
+SERIAL_SUITE = [(H, lens) for H in (64, 96) for lens in ([8192], [1300, 547, 2048, 963, 271, 3063], [1024] * 8)]
+CP_SUITE = [(H, lens) for H in (4, 8) for lens in ([8192], [8192, 2048], [16384])]
+# FlashKDA on the same kind of H200 (peers_h200.md), for the table's last column.
+FLASHKDA_MS = {(64, "8192"): 1.214, (64, "uneven6"): 0.991, (64, "8x1024"): 0.790,
+               (96, "8192"): 1.417, (96, "uneven6"): 1.367, (96, "8x1024"): 1.173,
+               (4, "8192"): 0.816, (4, "8192+2048"): 0.821, (4, "16384"): 1.603,
+               (8, "8192"): 0.846, (8, "8192+2048"): 0.856, (8, "16384"): 1.628}
+
+
+def shape_key(lens: Sequence[int]) -> str:
+    if len(set(lens)) == 1 and len(lens) > 1:
+        return f"{len(lens)}x{lens[0]}"
+    if len(lens) == 6:
+        return "uneven6"
+    return "+".join(map(str, lens))
+
+
+def time_ms(fn: Callable[[], object], iters: int, warmup: int) -> float:
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for s, e in zip(starts, ends):
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def copy_bandwidth(nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), 20, 5)
+    return 2 * nbytes / (ms * 1e-3)
+
+
+def make_case(H: int, lens: List[int], seed: int = 0):
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    T, N = sum(lens), len(lens)
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    rnd = lambda *shape: torch.randn(*shape, generator=gen, device="cuda").to(torch.bfloat16)
+    x = dict(q=rnd(1, T, H, 128), k=rnd(1, T, H, 128), v=rnd(1, T, H, 128), g=rnd(1, T, H, 128),
+             beta=rnd(1, T, H),
+             A_log=torch.rand(H, generator=gen, device="cuda"),
+             dt_bias=torch.rand(H, 128, generator=gen, device="cuda"),
+             initial_state=rnd(N, H, 128, 128))
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
+    out = torch.empty(1, T, H, 128, **bf)
+    final = torch.empty(N, H, 128, 128, **bf)
+    return x, cu, out, final
+
+
+def floor_bytes(H: int, lens: Sequence[int]) -> int:
+    T, N = sum(lens), len(lens)
+    return T * H * (5 * 128 * 2 + 2) + 2 * N * H * 128 * 128 * 2
+
+
+def fla_runner(x, cu, H):
+    """FLA's chunk_kda with the flags FlashKDA compares against, or None when FLA is absent."""
+    try:
+        from fla.ops.kda import chunk_kda
+    except Exception:
+        return None
+    import torch
+
+    h0 = x["initial_state"].float()
+    dt = x["dt_bias"].reshape(-1)
+    beta = torch.sigmoid(x["beta"].float()).to(torch.bfloat16)
+
+    def run():
+        return chunk_kda(q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=beta, A_log=x["A_log"], dt_bias=dt,
+                         initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                         use_gate_in_kernel=True, safe_gate=True, lower_bound=-5.0, cu_seqlens=cu.long(),
+                         transpose_state_layout=True)
+    try:
+        run()
+    except Exception as exc:  # an FLA version with other argument names
+        print(f"  (fla chunk_kda not comparable here: {exc})", file=sys.stderr)
+        return None
+    return run
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kda_aot.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", choices=("serial", "cp", "all"), default="serial")
+    parser.add_argument("--iters", type=int, default=100)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--value-split", type=int, nargs="*", default=None,
+                        help="also time these forced K2 value splits (1, 2, 4)")
+    parser.add_argument("--md", help="write the table as markdown to this file")
+    args = parser.parse_args(argv)
+    import torch
+
+    import kda_aot
+
+    if not torch.cuda.is_available():
+        print("the benchmark needs a CUDA GPU")
+        return 2
+    cases = {"serial": SERIAL_SUITE, "cp": CP_SUITE, "all": SERIAL_SUITE + CP_SUITE}[args.suite]
+    bw = copy_bandwidth()
+    print(f"kda-aot {kda_aot.__version__} on {torch.cuda.get_device_name()}, copy bandwidth {bw / 1e12:.2f} TB/s, "
+          f"median of {args.iters} after {args.warmup} warm-ups", flush=True)
+    splits = args.value_split or []
+    header = ["H", "sequences", "floor ms", "kda_aot ms"] + [f"split {s} ms" for s in splits] + [
+        "FLA ms", "FlashKDA ms (peers_h200.md)"]
+    rows = []
+    for H, lens in cases:
+        x, cu, out, final = make_case(H, lens)
+        call = lambda split=None: kda_aot.prefill(
+            x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+            initial_state=x["initial_state"], output_final_state=True, cu_seqlens=cu, seq_lens=lens,
+            out=out, final_state=final, cp="off", value_split=split)
+        ms = time_ms(call, args.iters, args.warmup)
+        split_ms = [time_ms(lambda s=s: call(s), args.iters, args.warmup) for s in splits]
+        fla = fla_runner(x, cu, H)
+        fla_ms = time_ms(fla, args.iters, args.warmup) if fla else None
+        key = shape_key(lens)
+        row = [H, key, floor_bytes(H, lens) / bw * 1e3, ms, *split_ms, fla_ms, FLASHKDA_MS.get((H, key))]
+        rows.append(row)
+        print("  " + " | ".join(_fmt(c) for c in row), flush=True)
+        del x, cu, out, final
+        torch.cuda.empty_cache()
+    table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    table += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
+    print("\n".join(table))
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write("\n".join(table) + "\n")
+    return 0
+
+
+def _fmt(c) -> str:
+    if c is None:
+        return "-"
+    if isinstance(c, float):
+        return f"{c:.3f}"
+    return str(c)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
