@@ -1,0 +1,305 @@
+"""Intracard context-parallel (CP) planning (spec section 4.1): pure Python, no GPU.
+
+A plan cuts every sequence into tile-aligned segments. Segment `s` covers global tiles
+`[seg_cu[s], seg_cu[s+1])` and tokens `[seg_token_start[s], seg_token_start[s+1])` of the packed
+token axis; segments partition both axes contiguously, so segmented K2 reuses the `seq_start` /
+`tile_prefix` sequence tables of docs/kernel_abi.md with segments in place of sequences
+(`segment_tables`). Only the last segment of a sequence can end in a partial tile, and an empty
+sequence gets one empty segment.
+
+A plan with no more segments than sequences is `trivial`: the caller runs the serial path.
+
+Modes: "off" (or None) -> serial; "auto" -> CP iff it pays the re-run cost; "on" -> the balanced
+split, raising NotSplittableError where that is trivial; an int s -> up to s segments per
+sequence of at least MIN_SEG_TILES tiles each (tests; no cost check). Every decision depends only
+on the arguments, so a plan is deterministic.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple, Union
+
+CHUNK = 16  # tokens per tile
+DEFAULT_SM_COUNT = 132  # H100 SXM / H200
+AUTO_MIN_SEG_TILES = 32  # shortest segment split_balanced makes (512 tokens)
+RERUN_RATIO = 3  # pre_scan + segmented K2 cost relative to serial K2, per tile (spec 4.7)
+MIN_SEG_TILES = 4  # shortest segment a manual plan makes
+INT32_MAX = 2 ** 31 - 1
+
+CpMode = Union[str, int, None]
+
+
+class NotSplittableError(ValueError):
+    """CP was required ("on" or a manual segment count) but the plan would be serial."""
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class CPPlan:
+    """Segments of every sequence; see the module docstring for the tables' meaning.
+
+    `P`, `target`, `load`, `serial_wall` and `cp_wall` are the numbers of spec 4.1 that the
+    decision was made from (None for mode "off", where nothing was computed).
+    """
+
+    seq_tiles: Tuple[int, ...]
+    seg_cu: Tuple[int, ...]
+    per_seq: Tuple[Tuple[int, int], ...]
+    seg_token_start: Tuple[int, ...]
+    mode: CpMode
+    reason: str
+    seq_lens: Tuple[int, ...] = ()
+    sm_count: int = DEFAULT_SM_COUNT
+    num_heads: int = 1
+    P: Optional[int] = None
+    target: Optional[int] = None
+    load: Optional[int] = None
+    serial_wall: Optional[int] = None
+    cp_wall: Optional[int] = None
+
+    @property
+    def n_sequences(self) -> int:
+        return len(self.seq_tiles)
+
+    @property
+    def n_segments(self) -> int:
+        return len(self.seg_cu) - 1
+
+    @property
+    def trivial(self) -> bool:
+        """True when the plan is serial (one segment per sequence)."""
+        return self.n_segments <= self.n_sequences
+
+    @property
+    def segment_tiles(self) -> Tuple[int, ...]:
+        return tuple(b - a for a, b in zip(self.seg_cu, self.seg_cu[1:]))
+
+    @property
+    def max_segment_tiles(self) -> int:
+        return max(self.segment_tiles, default=0)
+
+    @property
+    def total_tiles(self) -> int:
+        return self.seg_cu[-1]
+
+    def describe(self) -> str:
+        decision = "serial" if self.trivial else "CP"
+        counts = _run_length([n for _, n in self.per_seq])
+        lines = [
+            f"CP plan ({decision}), mode {self.mode!r}: {self.n_sequences} sequences, "
+            f"{self.total_tiles} tiles, H={self.num_heads}, {self.sm_count} SMs",
+            f"  segments: {self.n_segments}, per sequence: {counts}; longest {self.max_segment_tiles} tiles",
+            f"  reason: {self.reason}",
+        ]
+        return "\n".join(lines)
+
+
+def _run_length(values: Sequence[int]) -> str:
+    """[14, 1, 1, 1] -> '14, 1 (x3)'."""
+    parts = []
+    i = 0
+    while i < len(values):
+        j = i
+        while j < len(values) and values[j] == values[i]:
+            j += 1
+        parts.append(str(values[i]) if j - i == 1 else f"{values[i]} (x{j - i})")
+        i = j
+    return ", ".join(parts)
+
+
+# ------------------------------------------------------------------------------------------------
+# validation
+
+def _check_seq_lens(seq_lens) -> Tuple[int, ...]:
+    if isinstance(seq_lens, (str, bytes)):
+        raise ValueError(f"seq_lens: expected a sequence of non-negative ints, got {seq_lens!r}")
+    try:
+        items = list(seq_lens)
+    except TypeError:
+        raise ValueError(f"seq_lens: expected a sequence of non-negative ints, got {seq_lens!r}") from None
+    if not items:
+        raise ValueError("seq_lens: expected at least one sequence, got an empty list")
+    out = []
+    for i, x in enumerate(items):
+        if isinstance(x, bool):
+            raise ValueError(f"seq_lens: entry {i} is a bool ({x!r}), expected an int")
+        try:
+            v = operator.index(x)
+        except TypeError:
+            raise ValueError(f"seq_lens: entry {i} must be an int, got {x!r} ({type(x).__name__})") from None
+        if v < 0:
+            raise ValueError(f"seq_lens: entry {i} must be >= 0, got {v}")
+        out.append(int(v))
+    return tuple(out)
+
+
+def _check_positive(name: str, value) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"{name}: expected an int >= 1, got the bool {value!r}")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name}: expected an int >= 1, got {value!r} ({type(value).__name__})") from None
+    if v < 1:
+        raise ValueError(f"{name}: expected an int >= 1, got {v}")
+    return int(v)
+
+
+def _check_mode(mode) -> CpMode:
+    if mode is None:
+        return "off"
+    if mode is True or mode is False or isinstance(mode, bool):
+        suggestion = '"on"' if mode else '"off"'
+        raise ValueError(f"mode: booleans are ambiguous, got {mode!r}; pass {suggestion} instead")
+    if isinstance(mode, str):
+        if mode in ("off", "auto", "on"):
+            return mode
+        raise ValueError(f'mode: expected "off", "auto", "on" or an int >= 1, got {mode!r}')
+    try:
+        v = operator.index(mode)
+    except TypeError:
+        raise ValueError(f'mode: expected "off", "auto", "on" or an int >= 1, '
+                         f"got {mode!r} ({type(mode).__name__})") from None
+    if v < 1:
+        raise ValueError(f"mode: a segment count per sequence must be >= 1, got {v}")
+    return int(v)
+
+
+# ------------------------------------------------------------------------------------------------
+# spec 4.1
+
+def concurrent_slots(num_heads: int, sm_count: int) -> int:
+    """P: segments that run at once when each takes H CTAs (one per head) of `sm_count` SMs."""
+    return max(1, sm_count // num_heads)
+
+
+def balanced_counts(seq_tiles: Sequence[int], num_heads: int, sm_count: int) -> Tuple[List[int], int, int]:
+    """split_balanced's segment count per sequence, with P and target."""
+    P = concurrent_slots(num_heads, sm_count)
+    target = max(AUTO_MIN_SEG_TILES, _ceil_div(sum(seq_tiles), P))
+    counts = [max(1, min(_ceil_div(t, target), t // AUTO_MIN_SEG_TILES)) for t in seq_tiles]
+    return counts, P, target
+
+
+def manual_counts(seq_tiles: Sequence[int], segments: int) -> List[int]:
+    """plan_manual: up to `segments` parts per sequence, each at least MIN_SEG_TILES tiles."""
+    return [max(1, min(segments, t // MIN_SEG_TILES)) for t in seq_tiles]
+
+
+def split_sizes(tiles: int, parts: int) -> List[int]:
+    """`tiles` into `parts` near-equal parts; the first `tiles % parts` get one extra tile."""
+    base, extra = divmod(tiles, parts)
+    return [base + 1 if i < extra else base for i in range(parts)]
+
+
+def _walls(seq_tiles: Sequence[int], max_seg: int, P: int) -> Tuple[int, int, int]:
+    load = _ceil_div(sum(seq_tiles), P)
+    serial_wall = max(max(seq_tiles), load)
+    cp_wall = RERUN_RATIO * max(max_seg, load)
+    return load, serial_wall, cp_wall
+
+
+def _build(seq_lens: Tuple[int, ...], seq_tiles: Tuple[int, ...], counts: Sequence[int], **fields) -> CPPlan:
+    seg_cu = [0]
+    seg_tok = []
+    per_seq = []
+    tok0 = 0
+    for length, tiles, n in zip(seq_lens, seq_tiles, counts):
+        per_seq.append((len(seg_cu) - 1, n))
+        local = 0
+        for size in split_sizes(tiles, n):
+            seg_tok.append(tok0 + CHUNK * local)
+            local += size
+            seg_cu.append(seg_cu[-1] + size)
+        tok0 += length
+    seg_tok.append(tok0)
+    return CPPlan(seq_tiles=seq_tiles, seg_cu=tuple(seg_cu), per_seq=tuple(per_seq),
+                  seg_token_start=tuple(seg_tok), seq_lens=seq_lens, **fields)
+
+
+def plan_prefill(seq_lens, num_heads, sm_count=None, mode: CpMode = "auto") -> CPPlan:
+    """Plan the CP segments of a prefill of sequences `seq_lens` (tokens) with `num_heads` heads.
+
+    mode: "off" | "auto" | "on" | int (segments per sequence). Raises NotSplittableError when
+    "on" or an int yields a serial plan, ValueError for bad arguments.
+    """
+    lens = _check_seq_lens(seq_lens)
+    H = _check_positive("num_heads", num_heads)
+    assumed = sm_count is None
+    sms = DEFAULT_SM_COUNT if assumed else _check_positive("sm_count", sm_count)
+    mode = _check_mode(mode)
+    tiles = tuple(_ceil_div(n, CHUNK) for n in lens)
+    sm_note = f"{sms} SMs (assumed: H100/H200)" if assumed else f"{sms} SMs"
+    common = dict(mode=mode, sm_count=sms, num_heads=H)
+
+    if mode == "off":
+        return _build(lens, tiles, [1] * len(tiles), reason="cp off", **common)
+
+    if mode in ("auto", "on"):
+        counts, P, target = balanced_counts(tiles, H, sms)
+        head = f"P={P} ({sm_note} // H={H}), target={target} tiles"
+    else:
+        counts = manual_counts(tiles, mode)
+        P = concurrent_slots(H, sms)
+        target = None
+        head = f"manual {mode} segments per sequence (>= {MIN_SEG_TILES} tiles each), P={P} ({sm_note} // H={H})"
+    max_seg = max(_ceil_div(t, n) for t, n in zip(tiles, counts))
+    load, serial_wall, cp_wall = _walls(tiles, max_seg, P)
+    walls = f"serial_wall={serial_wall} vs cp_wall={RERUN_RATIO}*max({max_seg}, {load})={cp_wall}"
+    nums = dict(P=P, target=target, load=load, serial_wall=serial_wall, cp_wall=cp_wall, **common)
+    trivial = sum(counts) <= len(counts)
+
+    if mode == "auto":
+        if trivial:
+            return _build(lens, tiles, [1] * len(tiles),
+                          reason=f"serial: machine full / too short ({head}: every sequence is one segment, "
+                                 f"none is longer than target with >= 2 x {AUTO_MIN_SEG_TILES} tiles)",
+                          **nums)
+        if serial_wall >= cp_wall:
+            return _build(lens, tiles, counts, reason=f"CP: {head}; {walls}: serial_wall >= cp_wall", **nums)
+        return _build(lens, tiles, [1] * len(tiles),
+                      reason=f"serial: does not pay the re-run cost ({head}; {walls}: serial_wall < cp_wall)",
+                      **nums)
+
+    if trivial:
+        if mode == "on":
+            why = (f"{head}: no sequence is longer than target with >= 2 x {AUTO_MIN_SEG_TILES} tiles "
+                   f"(too short, or the heads alone fill the machine)")
+        else:
+            why = f"{head}: the count is 1 or no sequence has >= 2 x {MIN_SEG_TILES} tiles"
+        raise NotSplittableError(f"cp={mode!r}: seq_lens {list(lens)} (tiles {list(tiles)}) give a serial plan; {why}")
+    label = "forced" if mode == "on" else "manual"
+    return _build(lens, tiles, counts, reason=f"CP ({label}, no cost check): {head}; {walls}", **nums)
+
+
+# ------------------------------------------------------------------------------------------------
+# tables for the kernels
+
+def segment_tables(plan: CPPlan) -> Tuple[List[int], List[int]]:
+    """(seg_start_tokens [n_seg+1], seg_tile_prefix [n_seg+1]): the int32 `seq_start` and
+    `tile_prefix` tables of segmented K2, with segments in place of sequences."""
+    starts = list(plan.seg_token_start)
+    prefix = list(plan.seg_cu)
+    if starts[-1] > INT32_MAX or prefix[-1] > INT32_MAX:
+        raise OverflowError(f"segment tables: {starts[-1]} tokens / {prefix[-1]} tiles do not fit int32")
+    return starts, prefix
+
+
+def last_segments(plan: CPPlan) -> List[int]:
+    """Segment holding each sequence's final state (gather final_state[n] from it)."""
+    return [first + n - 1 for first, n in plan.per_seq]
+
+
+def non_last_segments(plan: CPPlan, longest_first: bool = False) -> List[int]:
+    """Segments pre_scan must process (all but each sequence's last), ascending, or longest
+    first (ties by index) for the launch order of spec 4.3."""
+    segs = [first + i for first, n in plan.per_seq for i in range(n - 1)]
+    if longest_first:
+        tiles = plan.segment_tiles
+        segs.sort(key=lambda s: (-tiles[s], s))
+    return segs

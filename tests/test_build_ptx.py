@@ -1,0 +1,85 @@
+"""Compile-only checks of the kernels' PTX, on the CPU (needs the DSL; skipped without it).
+
+What a hang or a silent slowdown would otherwise hide (cutedsl_guide.md sections 5 and 10):
+every non-tensor bulk copy is issued under an elect.sync (an un-elected global->shared bulk copy
+deadlocks on DSL 4.8.x), nothing spills to local memory, and the intended instructions are there.
+"""
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is a build-time dependency")
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # build_kernels lives only in the source tree
+
+from build_kernels import compile as kc  # noqa: E402
+from build_kernels.registry import all_variants  # noqa: E402
+
+BULK = re.compile(r"cp\.async\.bulk\.(?:shared::cluster\.global|global\.shared::cta)")
+
+
+def _representatives():
+    """One variant per kernel entry (the first), plus the K2 value-block extremes."""
+    chosen, seen = [], set()
+    for v in all_variants():
+        key = v.entry if v.entry != "k2_recurrence" else (v.entry, dict(v.constants).get("value_block"))
+        if key not in seen:
+            seen.add(key)
+            chosen.append(v)
+    return chosen
+
+
+@pytest.fixture(scope="module")
+def ptx_of(tmp_path_factory):
+    import cutlass.cute as cute
+
+    cache = {}
+
+    def compile_ptx(variant):
+        if variant.name not in cache:
+            import importlib
+
+            out = tmp_path_factory.mktemp(variant.name)
+            mod = importlib.import_module(f"build_kernels.kernels.{variant.module}")
+            args = [kc.fake_arg(a) for a in variant.args]
+            cute.compile(getattr(mod, variant.entry), *args, **dict(variant.constants),
+                         options=kc.OPTIONS + f" --keep-ptx --dump-dir {out}")
+            files = list(Path(out).rglob("*.ptx"))
+            assert files, f"no PTX dumped for {variant.name}"
+            cache[variant.name] = "\n".join(f.read_text() for f in files)
+        return cache[variant.name]
+
+    return compile_ptx
+
+
+@pytest.mark.parametrize("variant", _representatives(), ids=lambda v: v.name)
+def test_no_local_memory(ptx_of, variant):
+    ptx = ptx_of(variant)
+    assert not re.search(r"\b(ld|st)\.local\b", ptx), f"{variant.name} spills to local memory"
+
+
+@pytest.mark.parametrize("variant", _representatives(), ids=lambda v: v.name)
+def test_every_bulk_copy_is_elected(ptx_of, variant):
+    """Each raw bulk-copy instruction must sit in a block entered through elect.sync."""
+    ptx = ptx_of(variant)
+    lines = ptx.splitlines()
+    for i, line in enumerate(lines):
+        if BULK.search(line) and "tensor" not in line:
+            window = "\n".join(lines[max(0, i - 40):i])
+            assert "elect.sync" in window, f"{variant.name}: un-elected bulk copy at PTX line {i}: {line.strip()}"
+
+
+def test_kernels_use_tensor_cores_and_fast_math(ptx_of):
+    by_entry = {v.entry: v for v in _representatives()}
+    if "k1_prepare" in by_entry:
+        ptx = ptx_of(by_entry["k1_prepare"])
+        assert "mma.sync.aligned.m16n8k16" in ptx
+        assert "ex2.approx.ftz.f32" in ptx and "tanh.approx.f32" in ptx
+    if "k2_recurrence" in by_entry:
+        assert "mma.sync.aligned.m16n8k16" in ptx_of(by_entry["k2_recurrence"])
+    if not ({"k1_prepare", "k2_recurrence"} & set(by_entry)):
+        pytest.skip("no K1/K2 kernels in the registry yet")
