@@ -18,7 +18,6 @@ Inputs follow the low-level API (§1.1/§1.3): token-major [B, T, H, 128] tensor
 
 from __future__ import annotations
 
-import math
 from typing import Any, Optional, Sequence, Tuple, Union
 
 import torch
@@ -115,7 +114,7 @@ class _ExactMath:
 
 
 class _EmulateMath:
-    """fp32 math rounded at the §2.4 points; ex2/tanh/rsqrt from `approx` (defaults: exact fp32)."""
+    """fp32 math rounded at the §2.4 points; ex2/tanh/rsqrt from `approx` (default: exact fp32)."""
 
     dtype = torch.float32
 
@@ -204,20 +203,20 @@ def _run(core, math_, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, init
     """
     n = _check_args(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens)
     B, T, H, _ = q.shape
-    dt = math_.dtype
+    wdt = math_.dtype  # working dtype: fp64 (gold, exact) or fp32 (emulate)
     dev = q.device
     if scale is None:
         scale = D ** -0.5
-    q, k, v, g, beta = (x.to(dt) for x in (q, k, v, g, beta))
-    A_log = A_log.to(device=dev, dtype=dt)
-    dt_bias = dt_bias.to(device=dev, dtype=dt).reshape(H, D)
+    q, k, v, g, beta = (x.to(wdt) for x in (q, k, v, g, beta))
+    A_log = A_log.to(device=dev, dtype=wdt)
+    dt_bias = dt_bias.to(device=dev, dtype=wdt).reshape(H, D)
     if initial_state is None:
-        s0 = torch.zeros(n, H, D, D, dtype=dt, device=dev)
+        s0 = torch.zeros(n, H, D, D, dtype=wdt, device=dev)
     else:
         s0 = math_.entry_state(initial_state.to(dev))
 
-    o = torch.zeros(B, T, H, D, dtype=dt, device=dev)
-    final = torch.empty(n, H, D, D, dtype=dt, device=dev)
+    o = torch.zeros(B, T, H, D, dtype=wdt, device=dev)
+    final = torch.empty(n, H, D, D, dtype=wdt, device=dev)
     params = dict(lb=float(lower_bound), scale=float(scale))
     if cu_seqlens is None:
         def rows(x):  # [B, T, H, ...] -> [T, B*H, ...]
