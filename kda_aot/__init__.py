@@ -6,12 +6,28 @@ Inputs are any DLPack tensors on a CUDA device (PyTorch, CuPy, JAX). No compiler
 DSL is needed at run time: the kernels ship compiled in kda_aot/_lib.
 """
 
-from importlib import metadata as _metadata
 
-try:
-    __version__ = _metadata.version("kda-aot")  # single source: pyproject.toml
-except _metadata.PackageNotFoundError:  # a source tree that was never installed
-    __version__ = "0+unknown"
+def _version() -> str:
+    """The version (single source: pyproject.toml), which the build manifest records beside the
+    library. The prebuilt wheels are named per CUDA flavour (kda-aot-cu12, kda-aot-cu13; a source
+    install is kda-aot: docs/wheels.md), so the manifest is read first, then the distributions."""
+    import json
+    from importlib import metadata
+    from pathlib import Path
+
+    try:
+        return json.loads((Path(__file__).parent / "_lib" / "manifest.json").read_text())["package_version"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    for name in ("kda-aot", "kda-aot-cu12", "kda-aot-cu13"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return "0+unknown"  # a source tree that was never installed
+
+
+__version__ = _version()
 
 from .api import info, prefill  # noqa: E402
 from .loader import CudaError, KdaError, LibraryNotFoundError  # noqa: E402

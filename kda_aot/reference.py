@@ -122,6 +122,8 @@ class _EmulateMath:
         self._ex2 = getattr(approx, "ex2", None) or _ex2
         self._tanh = getattr(approx, "tanh", None) or _tanh
         self._rsqrt = getattr(approx, "rsqrt", None) or _rsqrt
+        # acc32 of exactly representable operands; a GPU caller may substitute tensor-core GEMMs.
+        self.mm = getattr(approx, "mm", None) or _acc32
 
     def const(self, x: float, like: torch.Tensor) -> torch.Tensor:
         # Constants are formed in double and cast to fp32 once (§2.4 P2: c = f32(lb*LOG2E)).
@@ -129,7 +131,6 @@ class _EmulateMath:
 
     rb = staticmethod(_bf)
     rh = staticmethod(_hf)
-    mm = staticmethod(_acc32)
     fma = staticmethod(_fma32)
 
     def ex2(self, x):

@@ -5,36 +5,11 @@ with the kernels' own PTX approximations (ex2.approx.ftz, tanh.approx, rsqrt.app
 library's test kernels) substituted for the exact functions.
 """
 
-import dataclasses
-
 import pytest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
 torch = pytest.importorskip("torch")
-
-
-@dataclasses.dataclass
-class GpuApprox:
-    """The PTX approximations the kernels use, run by the library's approx_* test kernels."""
-
-    lib: object
-
-    def _apply(self, name, x):
-        x32 = x.float().contiguous()
-        y = torch.empty_like(x32)
-        if x32.numel():
-            self.lib.kernel(name)(x32.data_ptr(), y.data_ptr(), x32.numel(), torch.cuda.current_stream().cuda_stream)
-        return y
-
-    def ex2(self, x):
-        return self._apply("approx_ex2", x)
-
-    def tanh(self, x):
-        return self._apply("approx_tanh", x)
-
-    def rsqrt(self, x):
-        return self._apply("approx_rsqrt", x)
 
 
 @pytest.fixture(scope="module")
@@ -83,12 +58,12 @@ CASES = [
 
 @pytest.mark.parametrize("shape,H,state", CASES)
 @pytest.mark.parametrize("split", [1, 2, 4])
-def test_matches_gpu_reference(lib, shape, H, state, split):
+def test_matches_gpu_reference(lib, gpu_approx, shape, H, state, split):
     from kda_aot import reference
 
     x = _inputs(shape, H, seed=11, state=state)
     o, s = _run(x, value_split=split)
-    ref_o, ref_s = reference.chunked_prefill(**x, mode="emulate", approx=GpuApprox(lib))
+    ref_o, ref_s = reference.chunked_prefill(**x, mode="emulate", approx=gpu_approx)
     if state == "fp32":
         assert s.dtype == torch.float32
     ulp_o, exact_o = _ulp_report(o, ref_o)
