@@ -1,0 +1,321 @@
+"""CP merge (spec 4.4): resolve the true entry state of every segment of a context-parallel plan.
+
+For each sequence n and head h, sequentially over the segments [first, first + count) of n:
+
+    carry[first]         = widen_fp32(initial_state[n, h])   (or 0 when has_initial=False)
+    carry[first + i + 1] = carry[first + i] @ m_seg[first + i] + b_seg[first + i],  i = 0 .. count-2
+
+All matrices are fp32 [128, 128] row-major per (segment, head); element (s, h, r, c) of m_seg, b_seg
+and carries sits at ((s * n_heads + h) * 128 + r) * 128 + c; the carry is V x K (value rows), M is
+K x K. Every carry[first + i], i = 0 .. count-1, is written (the first too): segmented K2 reads
+them as its initial states.
+
+Grid (128 // ROWS, n_seq, n_heads), 128 threads (4 warps). Rows of the carry are independent, so
+CTA (rb, n, h) owns value rows [rb*ROWS, rb*ROWS + ROWS), ROWS = 16 (one m16 MMA tile; H=4 with one
+sequence gives 32 CTAs). Per step the CTA computes acc(16x128) = carry(16x128) @ M(128x128) + B rows
+with warp-level TF32 tensor-core MMA (mma.sync.m16n8k8.row.col.f32.tf32.tf32.f32): warp w owns
+output columns [32w, 32w + 32) = 4 n-tiles of 8, 16 k-steps of 8 each, accumulator initialised with
+B. Operands are rounded fp32 -> tf32 with cvt.rna.tf32.f32 (M when read from shared memory; the
+carry once, when it is stored as the next step's A operand). Accumulation is fp32 in a fixed k
+order, no atomics: bitwise deterministic.
+
+Shared memory (bytes):
+  carry   2 x 16 rows x 132 words (8448 each): tf32 bit patterns of the current carry (A operand),
+          double-buffered by step parity so the epilogue of step i never races step i's readers.
+          Row stride 132 words: A-fragment reads (row g, col k0+q) hit bank 4g+q, conflict-free.
+  M ring  STAGES = 4 stages x KB = 32 rows of M x 136 words (17408 each): k-block kb of step i.
+          Row stride 136: B-fragment reads (row k0+q, col n0+g) hit bank 8q+g, conflict-free.
+  B       16 rows x 136 words (8704): this CTA's rows of b_seg for the step being computed.
+  total   95232 B (93 KiB) -> 2 CTAs per SM.
+
+Pipeline (cp.async.cg 16-byte copies issued by all 128 threads, one commit group per k-block):
+the k-blocks of all steps form one stream it = step * NKB + kb (NKB = 128 / KB = 4), stage
+it % STAGES = kb % STAGES (NKB is a multiple of STAGES). Iteration it: wait_group(STAGES - 2) (own
+copies of k-block it landed), bar.sync (everyone's copies landed; everyone finished k-block it - 1,
+so its stage is free), issue k-block it + STAGES - 1 (it crosses into the next step: M of the next
+step streams in while this one computes), commit, compute k-block it. The B rows of a step travel
+in the group of its k-block 0; that group is issued during k-block 1 of the previous step, after the
+barrier that follows every read of the previous B, so one B buffer suffices (needs STAGES <= NKB).
+The carry written by the epilogue of step i is published by the barrier of step i + 1's first
+k-block. Copies past the last step are not issued (their groups are empty), so nothing is in
+flight at exit.
+"""
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+D = 128  # K = V = head dimension
+ROWS = 16  # carry rows (value rows) per CTA: one m16 tile
+THREADS = 128  # 4 MMA warps, each owning 32 output columns
+WARP_COLS = D // (THREADS // 32)
+KB = 32  # rows of M per pipeline stage (k-block)
+NKB = D // KB
+STAGES = 4
+assert NKB % STAGES == 0 and STAGES <= NKB
+
+C_STRIDE = D + 4  # words per carry row in smem
+M_STRIDE = D + 8  # words per M / B row in smem
+CARRY_BYTES = ROWS * C_STRIDE * 4
+STAGE_BYTES = KB * M_STRIDE * 4
+B_BYTES = ROWS * M_STRIDE * 4
+MAT = D * D  # elements per (segment, head) matrix
+
+
+# ------------------------------------------------------------------------------------------------
+# inline PTX (memory ops carry side effects so LLVM keeps them on their side of every barrier)
+
+
+def _asm(ret_types, args, text, constraints, side_effects, loc, ip):
+    if not ret_types:
+        res_ty = None
+    elif len(ret_types) == 1:
+        res_ty = ret_types[0]
+    else:
+        res_ty = llvm.StructType.get_literal(list(ret_types))
+    res = llvm.inline_asm(res_ty, args, text, constraints, has_side_effects=side_effects,
+                          is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+    if not ret_types:
+        return None
+    if len(ret_types) == 1:
+        return res
+    return tuple(llvm.extractvalue(t, res, [i], loc=loc, ip=ip) for i, t in enumerate(ret_types))
+
+
+def _v(x, ty, loc, ip):
+    return ty(x).ir_value(loc=loc, ip=ip)
+
+
+@dsl_user_op
+def cp_async_16(saddr: Int32, gaddr: Int64, *, loc=None, ip=None) -> None:
+    """16-byte global -> shared copy, L2 only (cp.async.cg)."""
+    _asm(None, [_v(saddr, Int32, loc, ip), _v(gaddr, Int64, loc, ip)],
+         "cp.async.cg.shared.global [$0], [$1], 16;", "r,l", True, loc, ip)
+
+
+@dsl_user_op
+def lds_b32(saddr: Int32, *, loc=None, ip=None) -> Int32:
+    return Int32(_asm([T.i32()], [_v(saddr, Int32, loc, ip)], "ld.shared.b32 $0, [$1];", "=r,r", True, loc, ip))
+
+
+@dsl_user_op
+def lds_f32(saddr: Int32, *, loc=None, ip=None) -> Float32:
+    return Float32(_asm([T.f32()], [_v(saddr, Int32, loc, ip)], "ld.shared.f32 $0, [$1];", "=f,r", True, loc, ip))
+
+
+@dsl_user_op
+def lds_v2_f32(saddr: Int32, *, loc=None, ip=None):
+    r = _asm([T.f32(), T.f32()], [_v(saddr, Int32, loc, ip)], "ld.shared.v2.f32 {$0, $1}, [$2];", "=f,=f,r",
+             True, loc, ip)
+    return Float32(r[0]), Float32(r[1])
+
+
+@dsl_user_op
+def sts_v2_b32(saddr: Int32, a: Int32, b: Int32, *, loc=None, ip=None) -> None:
+    _asm(None, [_v(saddr, Int32, loc, ip), _v(a, Int32, loc, ip), _v(b, Int32, loc, ip)],
+         "st.shared.v2.b32 [$0], {$1, $2};", "r,r,r", True, loc, ip)
+
+
+@dsl_user_op
+def sts_v4_b32(saddr: Int32, a: Int32, b: Int32, c: Int32, d: Int32, *, loc=None, ip=None) -> None:
+    _asm(None, [_v(saddr, Int32, loc, ip)] + [_v(x, Int32, loc, ip) for x in (a, b, c, d)],
+         "st.shared.v4.b32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r", True, loc, ip)
+
+
+@dsl_user_op
+def ldg_v4_f32(gaddr: Int64, *, loc=None, ip=None):
+    r = _asm([T.f32()] * 4, [_v(gaddr, Int64, loc, ip)], "ld.global.nc.v4.f32 {$0, $1, $2, $3}, [$4];",
+             "=f,=f,=f,=f,l", True, loc, ip)
+    return tuple(Float32(x) for x in r)
+
+
+@dsl_user_op
+def ldg_bf16x4_f32(gaddr: Int64, *, loc=None, ip=None):
+    """Four consecutive bf16 (8 bytes), widened exactly to fp32."""
+    r = _asm([T.f32()] * 4, [_v(gaddr, Int64, loc, ip)],
+             "{\n\t.reg .b32 w0, w1;\n\tld.global.nc.v2.b32 {w0, w1}, [$4];\n\t"
+             "shl.b32 $0, w0, 16;\n\tand.b32 $1, w0, -65536;\n\tshl.b32 $2, w1, 16;\n\tand.b32 $3, w1, -65536;\n\t}",
+             "=f,=f,=f,=f,l", True, loc, ip)
+    return tuple(Float32(x) for x in r)
+
+
+@dsl_user_op
+def stg_v2_f32(gaddr: Int64, a: Float32, b: Float32, *, loc=None, ip=None) -> None:
+    _asm(None, [_v(gaddr, Int64, loc, ip), _v(a, Float32, loc, ip), _v(b, Float32, loc, ip)],
+         "st.global.v2.f32 [$0], {$1, $2};", "l,f,f", True, loc, ip)
+
+
+@dsl_user_op
+def stg_v4_f32(gaddr: Int64, a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None, ip=None) -> None:
+    _asm(None, [_v(gaddr, Int64, loc, ip)] + [_v(x, Float32, loc, ip) for x in (a, b, c, d)],
+         "st.global.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f", True, loc, ip)
+
+
+@dsl_user_op
+def to_tf32(x: Float32, *, loc=None, ip=None) -> Int32:
+    """fp32 -> tf32 (round to nearest, ties away), as the b32 operand register mma.sync expects."""
+    return Int32(_asm([T.i32()], [_v(x, Float32, loc, ip)], "cvt.rna.tf32.f32 $0, $1;", "=r,f", False, loc, ip))
+
+
+@dsl_user_op
+def mma_tf32_1688(a, b, c, *, loc=None, ip=None):
+    """D(16x8 f32) = A(16x8 tf32, row) * B(8x8 tf32, col) + C.
+
+    Fragments (g = lane >> 2, q = lane & 3): a0 (g, q), a1 (g+8, q), a2 (g, q+4), a3 (g+8, q+4);
+    b0 (k q, n g), b1 (k q+4, n g); c0, c1 (g, 2q..2q+1), c2, c3 (g+8, 2q..2q+1).
+    """
+    ops = [_v(x, Int32, loc, ip) for x in a] + [_v(x, Int32, loc, ip) for x in b] + \
+          [_v(x, Float32, loc, ip) for x in c]
+    r = _asm([T.f32()] * 4, ops,
+             "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+             "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+             "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", False, loc, ip)
+    return [Float32(x) for x in r]
+
+
+# ------------------------------------------------------------------------------------------------
+# trace-time helpers (plain Python: they only emit code)
+
+
+def _mat_base(s, h64, H64):
+    """Element index of matrix (segment or sequence s, head h): (s * H + h) * 128 * 128, in 64 bits."""
+    return (Int64(s) * H64 + h64) * MAT
+
+
+def _issue(ctx, step, kb: int):
+    """cp.async of k-block kb of M[first + step] into stage kb % STAGES (+ the CTA's B rows when kb == 0).
+
+    Each thread copies 16-byte chunks tidx + 128 j: row (chunk >> 5), column chunk (chunk & 31), so a warp
+    reads one contiguous 512-byte row per instruction."""
+    m_ptr, b_ptr, m_base, b_base, h64, H64, first, row0, cp_goff, cp_soff = ctx
+    mb = _mat_base(first + step, h64, H64)
+    stage = m_base + (kb % STAGES) * STAGE_BYTES
+    gm = m_ptr + (mb + Int64(kb * KB * D) + cp_goff) * 4
+    for j in range(KB * D // 4 // THREADS):
+        cp_async_16(stage + cp_soff + j * (4 * M_STRIDE * 4), gm + Int64(j * 4 * D * 4))
+    if kb == 0:
+        gb = b_ptr + (mb + Int64(row0 * D) + cp_goff) * 4
+        for j in range(ROWS * D // 4 // THREADS):
+            cp_async_16(b_base + cp_soff + j * (4 * M_STRIDE * 4), gb + Int64(j * 4 * D * 4))
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+@cute.kernel
+def _cp_merge_kernel(m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int64, mFirst: cute.Tensor,
+                     mCount: cute.Tensor, n_heads: Int32,
+                     has_initial: cutlass.Constexpr[bool], state_fp32: cutlass.Constexpr[bool]):
+    rb, n, h = cute.arch.block_idx()
+    tidx, _, _ = cute.arch.thread_idx()
+    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    lane = cute.arch.lane_idx()
+    g = lane >> 2
+    q = lane & 3
+
+    smem = cutlass.memory.SmemAllocator()
+    s_m = smem.allocate(STAGES * STAGE_BYTES, byte_alignment=128)
+    s_b = smem.allocate(B_BYTES, byte_alignment=128)
+    s_c = smem.allocate(2 * CARRY_BYTES, byte_alignment=128)
+    m_base = s_m.toint()
+    b_base = s_b.toint()
+    c_base = s_c.toint()
+
+    first = mFirst[n]
+    count = mCount[n]
+    nsteps = count - 1  # <= 0: no step
+    h64 = Int64(h)
+    H64 = Int64(n_heads)
+    row0 = rb * ROWS  # first value row of this CTA
+
+    cp_row = tidx >> 5  # producer share: chunk c = tidx + 128 j -> row (c >> 5), 16-byte chunk (c & 31)
+    cp_chk = tidx & 31
+    cp_goff = Int64(cp_row * D + cp_chk * 4)
+    cp_soff = cp_row * (M_STRIDE * 4) + cp_chk * 16
+    ctx = (m_ptr, b_ptr, m_base, b_base, h64, H64, first, row0, cp_goff, cp_soff)
+
+    for p in cutlass.range_constexpr(STAGES - 1):
+        if p // NKB < nsteps:
+            _issue(ctx, p // NKB, p % NKB)
+        cute.arch.cp_async_commit_group()
+
+    # -------- carry[first] = widened initial state (or 0): global fp32 copy + tf32 A operand in smem
+    if count > 0:
+        cb0 = _mat_base(first, h64, H64) + Int64(row0 * D)
+        ib = (Int64(n) * H64 + h64) * MAT + Int64(row0 * D)
+        for j in cutlass.range_constexpr(ROWS * D // 4 // THREADS):
+            c = tidx + THREADS * j
+            r = c >> 5
+            col = (c & 31) * 4
+            e = Int64(r * D + col)
+            x = (Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0))
+            if cutlass.const_expr(has_initial):
+                if cutlass.const_expr(state_fp32):
+                    x = ldg_v4_f32(init_ptr + (ib + e) * 4)
+                else:
+                    x = ldg_bf16x4_f32(init_ptr + (ib + e) * 2)
+            stg_v4_f32(carry_ptr + (cb0 + e) * 4, x[0], x[1], x[2], x[3])
+            sts_v4_b32(c_base + (r * C_STRIDE + col) * 4, to_tf32(x[0]), to_tf32(x[1]), to_tf32(x[2]),
+                       to_tf32(x[3]))
+
+    # -------- the steps
+    n0w = warp * WARP_COLS  # first output column of this warp
+    a_off = (g * C_STRIDE + q) * 4  # A fragment (row g, col q) inside the carry buffer
+    bm_off = (q * M_STRIDE + n0w + g) * 4  # B fragment (k q, n n0w + g) inside a stage
+    acc_off = (g * M_STRIDE + n0w + 2 * q) * 4  # C fragment (row g, cols 2q..) inside the B buffer
+    cw_off = (g * C_STRIDE + n0w + 2 * q) * 4  # same position inside a carry buffer
+    out_off = Int64((row0 + g) * D + n0w + 2 * q)  # same position inside a global carry matrix
+
+    for step in cutlass.range(nsteps, unroll=1):
+        c_rd = c_base + (step & 1) * CARRY_BYTES
+        c_wr = c_base + ((step + 1) & 1) * CARRY_BYTES
+        acc = []
+        for kb in cutlass.range_constexpr(NKB):
+            cute.arch.cp_async_wait_group(STAGES - 2)
+            cute.arch.barrier()
+            ahead = kb + STAGES - 1
+            if step + ahead // NKB < nsteps:
+                _issue(ctx, step + ahead // NKB, ahead % NKB)
+            cute.arch.cp_async_commit_group()
+
+            if cutlass.const_expr(kb == 0):
+                for nt in cutlass.range_constexpr(WARP_COLS // 8):
+                    c0, c1 = lds_v2_f32(b_base + acc_off + nt * 32)
+                    c2, c3 = lds_v2_f32(b_base + acc_off + nt * 32 + 8 * M_STRIDE * 4)
+                    acc.append([c0, c1, c2, c3])
+
+            stage = m_base + (kb % STAGES) * STAGE_BYTES
+            for ks in cutlass.range_constexpr(KB // 8):
+                ka = c_rd + a_off + (kb * KB + ks * 8) * 4
+                a = (lds_b32(ka), lds_b32(ka + 8 * C_STRIDE * 4), lds_b32(ka + 16), lds_b32(ka + 8 * C_STRIDE * 4 + 16))
+                kbm = stage + bm_off + ks * 8 * M_STRIDE * 4
+                for nt in cutlass.range_constexpr(WARP_COLS // 8):
+                    bfrag = (to_tf32(lds_f32(kbm + nt * 32)), to_tf32(lds_f32(kbm + nt * 32 + 4 * M_STRIDE * 4)))
+                    acc[nt] = mma_tf32_1688(a, bfrag, acc[nt])
+
+        # -------- epilogue: carry[first + step + 1] to global (fp32) and as the next A operand (tf32)
+        gout = carry_ptr + (_mat_base(first + step + 1, h64, H64) + out_off) * 4
+        for nt in cutlass.range_constexpr(WARP_COLS // 8):
+            v = acc[nt]
+            stg_v2_f32(gout + nt * 32, v[0], v[1])
+            stg_v2_f32(gout + nt * 32 + 8 * D * 4, v[2], v[3])
+            sts_v2_b32(c_wr + cw_off + nt * 32, to_tf32(v[0]), to_tf32(v[1]))
+            sts_v2_b32(c_wr + cw_off + nt * 32 + 8 * C_STRIDE * 4, to_tf32(v[2]), to_tf32(v[3]))
+
+    cute.arch.cp_async_wait_group(0)
+
+
+@cute.jit
+def cp_merge(m_seg: cute.Pointer, b_seg: cute.Pointer, initial_state: cute.Pointer, carries: cute.Pointer,
+             seg_first: cute.Pointer, seg_count: cute.Pointer, n_seq: Int32, n_heads: Int32,
+             stream: cuda.CUstream, has_initial: cutlass.Constexpr[bool], state_fp32: cutlass.Constexpr[bool]):
+    """m_seg, b_seg, carries fp32 [n_seg, H, 128, 128]; initial_state [n_seq, H, 128, 128] (V x K) in
+    bf16 or fp32 (unused when has_initial=False); seg_first / seg_count int32 [n_seq]. n_seq >= 1."""
+    table = cute.make_layout(n_seq)
+    _cp_merge_kernel(m_seg.toint(), b_seg.toint(), initial_state.toint(), carries.toint(),
+                     cute.make_tensor(seg_first, table), cute.make_tensor(seg_count, table), n_heads,
+                     has_initial, state_fp32).launch(
+        grid=(D // ROWS, n_seq, n_heads), block=(THREADS, 1, 1), stream=stream)
