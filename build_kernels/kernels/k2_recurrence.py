@@ -6,11 +6,13 @@ S (V x K, kept transposed as S^T[k, v] in bf16 shared memory for the whole seque
 output columns. Tile j of sequence n is global tile tile_prefix[n] + j, workspace slot
 h*cap + tile_prefix[n] + j, first token seq_start[n] + 16 j, valid rows m = min(16, seq_start[n+1] - start).
 
-Thread roles (160 threads, no store warp: outputs go straight from the MMA warps):
-  warps 0-3  MMA warps. Warp w owns NW = VB/4 value columns (NB = NW/8 n-blocks of 8) and the matching
-             slice of S^T; nothing it touches in smem state is shared with another warp, so the warps
-             never synchronise with each other, only with the producer through the stage barriers.
-  warp 4     producer: one elected lane arms the stage and issues every bulk copy of a tile.
+Thread roles (no store warp: outputs go straight from the MMA warps as predicated stores):
+  warps 0..W-1  MMA warps, W = VB / NW with NW = 16 (VB=128, W=8, 288 threads), 8 (VB=64, W=8, 288
+             threads) or 8 (VB=32, W=4, 160 threads), chosen by measurement (see _NW). Warp w owns NW
+             value columns (NB = NW/8 n-blocks of 8) and the matching slice of S^T; nothing it touches
+             in smem state is shared with another warp, so the MMA warps never synchronise with each
+             other, only with the producer through the stage barriers.
+  warp W     producer: elected lanes arm the stage and issue every bulk copy of a tile (3 elect regions).
 
 Per tile, per MMA warp (all fragments in registers; fp32 ops separately rounded, spec 2.4):
   Q1  u = bf(acc32(Kd S^T)), o1 = bf(acc32(Qd S^T)): 8 k-steps of m16n8k16 per n-block, A from the raw
@@ -31,14 +33,14 @@ Shared memory (bytes):
               bsig 32 (+96 pad) | v 16 rows x (2 VB + 16) (rows padded by 16 B: conflict-free 32-bit reads)
               = 18304 / 16256 / 15232 per stage
   barriers    2 * STAGES mbarriers
-  total       ~ 87.7 KB (VB=128), 65.2 KB (64), 53.9 KB (32)
+  total       87856 (VB=128), 65328 (64), 54064 (32) bytes incl. alignment
 
 Pipeline protocol (hand-rolled ring, STAGES stages, tile i uses stage s = i % STAGES, round r = i // STAGES):
   full[s]   arrive count 1. Producer: wait empty[s] at parity (r & 1) ^ 1 (passes at once in round 0),
             then one elected lane does arrive.expect_tx(full[s], 13856 + m * 2 VB) and issues the copies
             that complete exactly those bytes on full[s]: qd, kd, kr (4096 each, raw images), gt 512, inv
             512, mqk 512, bsig 32 and m rows of v (2 VB bytes each). MMA warps wait full[s] at parity r & 1.
-  empty[s]  arrive count 4. Each MMA warp, after its last read of the stage (end of Q5) and a __syncwarp,
+  empty[s]  arrive count W. Each MMA warp, after its last read of the stage (end of Q5) and a __syncwarp,
             arrives once from one elected lane.
   Every tile the producer issues is consumed, so no copy is in flight when the CTA exits.
 """
@@ -54,9 +56,14 @@ from .mma_ops import (add_rn, bulk_g2s, fma_rn, ldg_bf16_pair, ldg_f32_pair_bf16
 from .tile_ops import CHUNK, D
 
 STAGES = 3
-MMA_WARPS = 4
-LOAD_WARP = 4
-THREADS = 32 * (MMA_WARPS + 1)
+# Value columns per MMA warp, per value_block. Measured on an H200 (H=64, T=8192, us per 16-token tile):
+# VB=128: NW 32/16/8 -> 1.92/1.56/1.81; VB=64: NW 16/8 -> 1.30/1.10; VB=32: NW 16/8 -> 1.41/1.12.
+_NW = {128: 16, 64: 8, 32: 8}
+
+
+def mma_warps(vb: int) -> int:
+    """MMA warps of a CTA: each owns NW value columns."""
+    return vb // _NW[vb]
 
 TILE_BYTES = CHUNK * D * 2  # one raw 16x128 bf16 image
 GT_BYTES = D * 4
@@ -87,6 +94,8 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
                has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
                state_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int]):
     VB = value_block
+    MMA_WARPS = mma_warps(VB)
+    LOAD_WARP = MMA_WARPS
     NW = VB // MMA_WARPS  # value columns per MMA warp
     NB = NW // 8  # n-blocks of 8 per warp
     VSTR = v_stride(VB)
@@ -131,15 +140,19 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
             slot = slot0 + Int64(i)
             sb = buf_addr + s * SB
             fb = (full + s).toint()
+            # Three elected regions (arm + raw images, small tensors, v rows): any lane may be elected in
+            # each; the barrier is armed before the first copy is issued either way.
             with cute.arch.elect_one():
                 cute.arch.mbarrier_arrive_and_expect_tx(full + s, FIXED_TX + m * (VB * 2))
                 bulk_g2s(sb + OFF_QD, qd_ptr + slot * TILE_BYTES, TILE_BYTES, fb)
                 bulk_g2s(sb + OFF_KD, kd_ptr + slot * TILE_BYTES, TILE_BYTES, fb)
                 bulk_g2s(sb + OFF_KR, kr_ptr + slot * TILE_BYTES, TILE_BYTES, fb)
+            with cute.arch.elect_one():
                 bulk_g2s(sb + OFF_GT, gt_ptr + slot * GT_BYTES, GT_BYTES, fb)
                 bulk_g2s(sb + OFF_INV, inv_ptr + slot * SQ_BYTES, SQ_BYTES, fb)
                 bulk_g2s(sb + OFF_MQK, mqk_ptr + slot * SQ_BYTES, SQ_BYTES, fb)
                 bulk_g2s(sb + OFF_BSIG, bsig_ptr + slot * BSIG_BYTES, BSIG_BYTES, fb)
+            with cute.arch.elect_one():
                 vrow = v_ptr + (Int64(start) * H64 + h64) * HEAD_ROW_BYTES + col_bytes
                 for r in cutlass.range(m, unroll=1):
                     bulk_g2s(sb + OFF_V + r * VSTR, vrow + Int64(r) * H64 * HEAD_ROW_BYTES, VB * 2, fb)
@@ -297,4 +310,4 @@ def k2_recurrence(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd
                ws_inv.toint(), ws_mqk.toint(), ws_bsig.toint(), cute.make_tensor(seq_start, table),
                cute.make_tensor(tile_prefix, table), initial_state.toint(), final_state.toint(), n_heads, cap,
                has_initial, has_final, state_fp32, value_block).launch(
-        grid=(n_seq, n_heads, D // value_block), block=(THREADS, 1, 1), stream=stream)
+        grid=(n_seq, n_heads, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream)
