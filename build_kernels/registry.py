@@ -116,9 +116,29 @@ def _k2() -> List[Variant]:
     return variants
 
 
+def _approx() -> List[Variant]:
+    """Test-only: the PTX approximations of spec 2.4 for the GPU reference (x in, y out, n elements)."""
+    args = (ptr("x", "float32", 4), ptr("y", "float32", 4), scalar("n", "i32"), STREAM)
+    return [Variant(f"approx_{name}", "approx_math", "approx_math", args, constants=(("op", op),))
+            for op, name in enumerate(("ex2", "tanh", "rsqrt"))]
+
+
+def _cp_merge() -> List[Variant]:
+    """CP merge (spec 4.4): carries from m_seg, b_seg and the initial state; fp32 [n_seg, H, 128, 128]."""
+    variants = []
+    for name, has_initial, state_fp32 in (("nostate", False, True), ("bf16", True, False), ("f32", True, True)):
+        args = (ptr("m_seg", "float32"), ptr("b_seg", "float32"),
+                ptr("initial_state", "float32" if state_fp32 else "bfloat16"), ptr("carries", "float32"),
+                ptr("seg_first", "int32", 4), ptr("seg_count", "int32", 4),
+                scalar("n_seq", "i32"), scalar("n_heads", "i32"), STREAM)
+        variants.append(Variant(f"cp_merge_{name}", "cp_merge", "cp_merge", args,
+                                constants=(("has_initial", has_initial), ("state_fp32", state_fp32))))
+    return variants
+
+
 # Kernels are added to this list as they land; the build compiles exactly these.
-FAMILIES = {"seq_tables": _seq_tables, "k1": _k1, "k2": _k2}
-ENABLED = ("seq_tables", "k2")
+FAMILIES = {"seq_tables": _seq_tables, "k1": _k1, "k2": _k2, "approx": _approx, "cp_merge": _cp_merge}
+ENABLED = ("seq_tables", "k1", "k2", "approx", "cp_merge")
 
 
 def all_variants() -> List[Variant]:
