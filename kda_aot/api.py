@@ -30,7 +30,8 @@ def prefill(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0, scal
     [H, 128] (or [H*128]); initial_state / final_state: [N, H, 128 (V), 128 (K)] bf16 or fp32.
     Packed varlen: B == 1 and cu_seqlens int32/int64 [N + 1]. `out` and `final_state` are written
     in place when given, else allocated with q's framework (torch or CuPy); with
-    output_final_state=True and no buffer, the final state is fp32. `seq_lens`: optional host copy
+    output_final_state=True and no buffer, the final state has initial_state's dtype (fp32
+    without an initial state). `seq_lens`: optional host copy
     of the sequence lengths, which spares the device-to-host read of cu_seqlens. `stream`: a CUDA
     stream (handle, `__cuda_stream__` object or torch stream); default: torch's current stream
     for torch callers, else the legacy default stream. `value_split` forces the K2 value-column
@@ -60,9 +61,11 @@ def prefill(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0, scal
         out = _empty_like(q, t["q"].shape, "bfloat16")
         t["out"] = describe(out, "out")
     if output_final_state and final_state is None:
-        final_state = _empty_like(q, (problem.N, problem.H, D, D), "float32")
-        t["final_state"] = describe(final_state, "final_state")
+        # One state dtype per call (the kernels keep a single state format): the allocated final
+        # state follows initial_state's dtype, fp32 when there is none.
         problem = _with_final(problem)
+        final_state = _empty_like(q, (problem.N, problem.H, D, D), problem.state_dtype)
+        t["final_state"] = describe(final_state, "final_state")
     launcher.run_serial(lib, problem, t, handle, streams.sm_count(problem.device_id), value_split=value_split)
     return out, (final_state if output_final_state else None)
 

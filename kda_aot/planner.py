@@ -32,15 +32,16 @@ def tile_capacity(T: int, N: int, varlen: bool) -> int:
 def value_split(n_seq: int, n_heads: int, sm_count: int) -> int:
     """How many CTAs share one (sequence, head) in K2, each owning 128/split value rows.
 
-    Rows of the state evolve independently, so splitting them costs only re-reading the
-    workspace tile from L2. Take the smallest split that gives every SM a CTA; past 4 the
-    16x32 per-warp MMA tiles get too thin. (docs/value_split.md records the measurements.)
+    Rows of the state evolve independently, so a split costs only re-reading the workspace tile
+    from L2. When the (sequence, head) pairs already give every SM a CTA, no split (more CTAs per
+    SM then only share its tensor cores). Otherwise the split minimises the waves of whole-head
+    work per SM, ceil(N*H*s / SMs) / s, ties going to the smaller split. On the H200 this picked
+    the fastest split for all six serial benchmark shapes (docs/value_split.md).
     """
     work = n_seq * n_heads
-    for split in VALUE_SPLITS:
-        if work * split >= sm_count:
-            return split
-    return VALUE_SPLITS[-1]
+    if work >= sm_count:
+        return 1
+    return min(VALUE_SPLITS, key=lambda s: (ceil_div(work * s, sm_count) / s, s))
 
 
 @dataclasses.dataclass(frozen=True)
