@@ -136,9 +136,18 @@ def _cp_merge() -> List[Variant]:
     return variants
 
 
+def _cp_gather() -> List[Variant]:
+    """CP final states: the last segment's fp32 exit state of each sequence, in the caller's dtype."""
+    return [Variant(f"cp_gather_final_{name}", "cp_gather", "cp_gather_final",
+                    (ptr("seg_final", "float32"), ptr("final_state", dtype), ptr("last_seg", "int32", 4),
+                     scalar("n_seg", "i32"), scalar("n_seq", "i32"), scalar("n_heads", "i32"), STREAM),
+                    constants=(("out_bf16", dtype == "bfloat16"),))
+            for name, dtype in (("bf16", "bfloat16"), ("f32", "float32"))]
+
+
 # Kernels are added to this list as they land; the build compiles exactly these.
-FAMILIES = {"seq_tables": _seq_tables, "k1": _k1, "k2": _k2, "approx": _approx, "cp_merge": _cp_merge}
-ENABLED = ("seq_tables", "k1", "k2", "approx", "cp_merge")
+FAMILIES = {"seq_tables": _seq_tables, "k1": _k1, "k2": _k2, "approx": _approx, "cp_merge": _cp_merge, "cp_gather": _cp_gather}
+ENABLED = ("seq_tables", "k1", "k2", "approx", "cp_merge", "cp_gather")
 
 
 def all_variants() -> List[Variant]:

@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import __version__, launcher, streams
+from . import __version__, cp_plan, launcher, streams
 from .loader import CudaError, KdaError, get_library, library_dir
 from .tensors import TensorDesc, describe, describe_optional
 from .validation import check_cu_seqlens_values, validate_prefill
@@ -34,7 +34,10 @@ def prefill(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0, scal
     without an initial state). `seq_lens`: optional host copy
     of the sequence lengths, which spares the device-to-host read of cu_seqlens. `stream`: a CUDA
     stream (handle, `__cuda_stream__` object or torch stream); default: torch's current stream
-    for torch callers, else the legacy default stream. `value_split` forces the K2 value-column
+    for torch callers, else the legacy default stream. `cp`: intracard context parallelism
+    (spec 4): "auto" splits long sequences when kda_aot.plan_prefill predicts a win, "off" never,
+    "on" always (NotSplittableError when it cannot), an int forces that many segments per
+    sequence (tests). `value_split` forces the K2 value-column
     split (1, 2 or 4; tests and benchmarks).
     """
     if final_state is not None and not output_final_state:
@@ -50,10 +53,12 @@ def prefill(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0, scal
                                cu_seqlens=t["cu_seqlens"], out=t["out"], cp=cp)
     handle = streams.stream_handle(stream, problem.device_id)
     if problem.varlen:
-        _check_host_lengths(t["cu_seqlens"], problem.T, seq_lens, handle)
-    if problem.cp == "on" or isinstance(problem.cp, int):
-        raise NotImplementedError(f"cp: context parallelism ({problem.cp!r}) is not in this build; use 'auto' or 'off'")
+        lengths = _check_host_lengths(t["cu_seqlens"], problem.T, seq_lens, handle)
+    else:
+        lengths = [problem.T] * problem.B
     lib = get_library()
+    sms = streams.sm_count(problem.device_id) if problem.N and problem.H else 1
+    plan = _plan(problem, lengths, sms, handle, lib)
     if not launcher.serial_available(lib):
         raise NotImplementedError("this build of kda-aot has no K1/K2 kernels yet (see kda_aot.info())")
 
@@ -66,8 +71,28 @@ def prefill(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0, scal
         problem = _with_final(problem)
         final_state = _empty_like(q, (problem.N, problem.H, D, D), problem.state_dtype)
         t["final_state"] = describe(final_state, "final_state")
-    launcher.run_serial(lib, problem, t, handle, streams.sm_count(problem.device_id), value_split=value_split)
+    if plan is not None and not plan.trivial:
+        launcher.run_cp(lib, problem, t, handle, plan, sms, value_split=value_split)
+    else:
+        launcher.run_serial(lib, problem, t, handle, sms, value_split=value_split)
     return out, (final_state if output_final_state else None)
+
+
+def _plan(problem, lengths, sms: int, stream: int, lib) -> Optional[cp_plan.CPPlan]:
+    """The CP plan, or None for the serial path (cp="off", empty work, or no host lengths)."""
+    if problem.cp == "off" or problem.N == 0 or problem.H == 0:
+        return None
+    if lengths is None:  # a packed batch captured into a CUDA graph without seq_lens
+        if problem.cp == "auto":
+            return None
+        raise ValueError(f"cp: {problem.cp!r} needs the sequence lengths on the host, and cu_seqlens cannot be "
+                         "read back during CUDA graph capture; pass seq_lens=")
+    plan = cp_plan.plan_prefill(lengths, problem.H, sm_count=sms, mode=problem.cp)
+    if not plan.trivial and not launcher.cp_available(lib):
+        if problem.cp == "auto":
+            return None
+        raise NotImplementedError("cp: this build has no context-parallel kernels (see kda_aot.info())")
+    return plan
 
 
 def _with_final(problem):
@@ -77,21 +102,25 @@ def _with_final(problem):
     return dataclasses.replace(problem, has_final=True, state_dtype=state_dtype)
 
 
-def _check_host_lengths(cu: TensorDesc, T: int, seq_lens: Optional[Sequence[int]], stream: int) -> None:
-    """Check cu_seqlens' values on the host (spec 1.4), reading them back only when needed.
+def _check_host_lengths(cu: TensorDesc, T: int, seq_lens: Optional[Sequence[int]], stream: int):
+    """Check cu_seqlens' values on the host (spec 1.4), reading them back only when needed;
+    returns the sequence lengths, or None when they cannot be had.
 
     A read-back is a device-to-host sync, which is illegal while the stream is being captured
-    into a CUDA graph: then the values cannot be checked and the kernels clamp bad lengths.
+    into a CUDA graph: then the values cannot be checked, the kernels clamp bad lengths, and
+    cp="auto" runs serial (the planner needs host lengths).
     """
     if seq_lens is not None:
         lengths = [int(x) for x in seq_lens]
         if len(lengths) != cu.shape[0] - 1:
             raise ValueError(f"seq_lens: expected {cu.shape[0] - 1} lengths (one per sequence), got {len(lengths)}")
         check_cu_seqlens_values(np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).tolist(), T)
-        return
+        return lengths
     if streams.is_capturing(stream):
-        return
-    check_cu_seqlens_values(read_device_array(cu, stream).tolist(), T)
+        return None
+    values = read_device_array(cu, stream).tolist()
+    check_cu_seqlens_values(values, T)
+    return [b - a for a, b in zip(values[:-1], values[1:])]
 
 
 def read_device_array(desc: TensorDesc, stream: int) -> np.ndarray:

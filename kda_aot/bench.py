@@ -128,21 +128,25 @@ def main(argv=None) -> int:
     print(f"kda-aot {kda_aot.__version__} on {torch.cuda.get_device_name()}, copy bandwidth {bw / 1e12:.2f} TB/s, "
           f"median of {args.iters} after {args.warmup} warm-ups", flush=True)
     splits = args.value_split or []
-    header = ["H", "sequences", "floor ms", "kda_aot ms"] + [f"split {s} ms" for s in splits] + [
-        "FLA ms", "FlashKDA ms (peers_h200.md)"]
+    header = ["H", "sequences", "floor ms", "serial ms", "auto ms", "auto plan"] + [
+        f"serial split {s} ms" for s in splits] + ["FLA ms", "FlashKDA ms (peers_h200.md)"]
     rows = []
     for H, lens in cases:
         x, cu, out, final = make_case(H, lens)
-        call = lambda split=None: kda_aot.prefill(
+        call = lambda split=None, cp="off": kda_aot.prefill(
             x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
             initial_state=x["initial_state"], output_final_state=True, cu_seqlens=cu, seq_lens=lens,
-            out=out, final_state=final, cp="off", value_split=split)
+            out=out, final_state=final, cp=cp, value_split=split)
         ms = time_ms(call, args.iters, args.warmup)
+        auto_ms = time_ms(lambda: call(cp="auto"), args.iters, args.warmup)
+        plan = kda_aot.plan_prefill(lens, H, sm_count=torch.cuda.get_device_properties(0).multi_processor_count)
+        plan_text = "serial" if plan.trivial else f"{plan.n_segments} segments (max {plan.max_segment_tiles} tiles)"
         split_ms = [time_ms(lambda s=s: call(s), args.iters, args.warmup) for s in splits]
         fla = fla_runner(x, cu, H)
         fla_ms = time_ms(fla, args.iters, args.warmup) if fla else None
         key = shape_key(lens)
-        row = [H, key, floor_bytes(H, lens) / bw * 1e3, ms, *split_ms, fla_ms, FLASHKDA_MS.get((H, key))]
+        row = [H, key, floor_bytes(H, lens) / bw * 1e3, ms, auto_ms, plan_text, *split_ms, fla_ms,
+               FLASHKDA_MS.get((H, key))]
         rows.append(row)
         print("  " + " | ".join(_fmt(c) for c in row), flush=True)
         del x, cu, out, final

@@ -10,11 +10,11 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from . import planner
-from .loader import KernelLibrary
+from . import cp_plan, planner
+from .loader import KdaError, KernelLibrary
 from .tensors import TensorDesc
 from .validation import Problem
-from .workspace import ARENA, workspace_layout
+from .workspace import ARENA, WorkspaceLayout, workspace_layout
 
 LOG2E = 1.4426950408889634
 
@@ -73,3 +73,95 @@ def memory_floor_bytes(problem: Problem) -> int:
     states = state_bytes * (int(problem.has_initial) + int(problem.has_final))
     return tokens * per_token + states + problem.H * 129 * 4
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Intracard context parallelism (spec 4): K1 once -> pre_scan -> merge -> segmented K2 -> gather.
+
+STATE_BYTES = 128 * 128 * 4  # one fp32 [V, K] state
+
+
+def cp_available(lib: KernelLibrary) -> bool:
+    return all(any(k.entry == e for k in lib.kernels.values())
+               for e in ("cp_pre_scan", "cp_merge", "cp_gather_final", "k2_recurrence"))
+
+
+def _cp_tables(plan: cp_plan.CPPlan) -> Dict[str, np.ndarray]:
+    seg_start, seg_prefix = cp_plan.segment_tables(plan)
+    first = [f for f, _ in plan.per_seq]
+    count = [c for _, c in plan.per_seq]
+    return {
+        "seg_start": np.asarray(seg_start, np.int32), "seg_prefix": np.asarray(seg_prefix, np.int32),
+        "scan_seg": np.asarray(cp_plan.non_last_segments(plan, longest_first=True) or [0], np.int32),
+        "seg_first": np.asarray(first, np.int32), "seg_count": np.asarray(count, np.int32),
+        "last_seg": np.asarray(cp_plan.last_segments(plan), np.int32),
+    }
+
+
+def _cp_layout(plan: cp_plan.CPPlan, n_heads: int, tile_cap: int, tables: Dict[str, np.ndarray]) -> WorkspaceLayout:
+    """K1's workspace for the segment tables plus the CP scratch (spec 4.7)."""
+    base = workspace_layout(n_heads, tile_cap, plan.n_segments)
+    regions = dict(base.regions)
+    offset = base.nbytes
+    scratch = plan.n_segments * n_heads * STATE_BYTES
+    for name, nbytes in [("tables", sum(t.nbytes for t in tables.values()))] + [
+            (n, scratch) for n in ("b_seg", "m_seg", "carries", "seg_final")]:
+        regions[name] = (offset, nbytes)
+        offset = -(-(offset + nbytes) // 256) * 256
+    return WorkspaceLayout(regions, offset)
+
+
+# Host copies of uploaded tables stay alive until the next upload on the same stream: a copy
+# captured into a CUDA graph reads its source again at every replay.
+_UPLOADS: Dict[int, np.ndarray] = {}
+
+
+def _upload(blob: np.ndarray, dst: int, stream: int) -> None:
+    from cuda.bindings import driver
+
+    _UPLOADS[stream] = blob
+    (err,) = driver.cuMemcpyHtoDAsync(dst, blob.ctypes.data, blob.nbytes, driver.CUstream(stream))
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise KdaError(f"uploading the CP segment tables failed: {err}")
+
+
+def run_cp(lib: KernelLibrary, problem: Problem, t: Dict[str, Optional[TensorDesc]], stream: int,
+           plan: cp_plan.CPPlan, sm_count: int, value_split: Optional[int] = None) -> None:
+    """Launch the CP sequence for a non-trivial plan."""
+    H, n_seg, N = problem.H, plan.n_segments, problem.N
+    split = value_split or planner.value_split(n_seg, H, sm_count)
+    vb = planner.D // split
+    tables = _cp_tables(plan)
+    tile_cap = max(1, planner.tile_capacity(problem.B * problem.T, n_seg, True))
+    layout = _cp_layout(plan, H, tile_cap, tables)
+    p = layout.pointers(ARENA.get(problem.device_id, stream, layout.nbytes))
+    blob = np.concatenate(list(tables.values()))
+    offsets, at = {}, p["tables"]
+    for name, arr in tables.items():
+        offsets[name] = at
+        at += arr.nbytes
+    lib.set_device(problem.device_id)
+    _upload(blob, p["tables"], stream)
+    ws = (p["qd"], p["kd"], p["kr"], p["gt"], p["inv"], p["mqk"], p["bsig"])
+    t_total = problem.B * problem.T
+    seg_tables = (offsets["seg_start"], offsets["seg_prefix"])
+    lib.kernel("k1_prepare")(t["q"].ptr, t["k"].ptr, t["g"].ptr, t["beta"].ptr, t["A_log"].ptr, t["dt_bias"].ptr,
+                             *seg_tables, *ws, t_total, n_seg, H, tile_cap, problem.scale,
+                             gate_constant(problem.lower_bound), stream)
+    n_scan = len(cp_plan.non_last_segments(plan))
+    if n_scan:
+        lib.kernel(f"cp_pre_scan_vb{vb}")(t["v"].ptr, p["kd"], p["kr"], p["gt"], p["inv"], p["bsig"], *seg_tables,
+                                          offsets["scan_seg"], p["b_seg"], p["m_seg"], n_scan, H, tile_cap, stream)
+    initial = t.get("initial_state")
+    merge = "nostate" if initial is None else ("f32" if problem.state_dtype == "float32" else "bf16")
+    lib.kernel(f"cp_merge_{merge}")(p["m_seg"], p["b_seg"], initial.ptr if initial is not None else 0, p["carries"],
+                                    offsets["seg_first"], offsets["seg_count"], N, H, stream)
+    # Segments start from their carries (fp32, rounded to bf16 on entry exactly as serial K2 rounds
+    # an fp32 initial state) and leave their fp32 exit states in seg_final for the gather.
+    final = t.get("final_state")
+    k2 = planner.select_variant(lib.kernels.values(), "k2_recurrence", {
+        "has_initial": True, "has_final": final is not None, "state_fp32": True, "value_block": vb})
+    k2(t["v"].ptr, t["out"].ptr, *ws, *seg_tables, p["carries"], p["seg_final"], t_total, n_seg, H, tile_cap, stream)
+    if final is not None:
+        name = "cp_gather_final_" + ("f32" if problem.state_dtype == "float32" else "bf16")
+        lib.kernel(name)(p["seg_final"], final.ptr, offsets["last_seg"], n_seg, N, H, stream)
