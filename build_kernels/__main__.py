@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -50,6 +51,18 @@ def _cudart_version(flavour: str) -> str:
         return "unknown"
 
 
+def _dsl_flavour() -> str:
+    """The CUDA flavour the imported DSL compiles for ("cu12", "cu13"; "" if it cannot be told).
+
+    nvidia-cutlass-dsl loads the newest flavour the driver supports, or the newest installed one
+    when there is no driver: an installed [cu13] extra silently turns a cu12 build into a cu13 one,
+    which this catches (docs/wheels.md).
+    """
+    module = sys.modules.get("cutlass._mlir._mlir_libs._cutlass_ir")
+    found = re.search(r"_cutlass_ir\.(cu\d+)\.", os.path.basename(getattr(module, "__file__", None) or ""))
+    return found.group(1) if found else ""
+
+
 def _kernel_table(rows: list) -> str:
     decls, entries = [], []
     for name, sym in rows:
@@ -77,13 +90,23 @@ def main(argv=None) -> int:
     parser.add_argument("--only", nargs="*", help="compile only these variants (checks; no manifest)")
     args = parser.parse_args(argv)
 
+    dsl_flavour = _dsl_flavour()
+    if dsl_flavour and dsl_flavour != args.flavour:
+        print(f"[build_kernels] FAILED the DSL compiles for {dsl_flavour}, the build asks for {args.flavour}: "
+              f"build {args.flavour} in an environment with only that flavour of nvidia-cutlass-dsl "
+              "(cu12: no [cu13] extra; cu13: the [cu13] extra, and a driver for CUDA 13 or none)",
+              file=sys.stderr, flush=True)
+        return 1
+    # Objects differ per flavour but the cache key does not name it: one cache folder per flavour.
+    args.cache = args.cache / args.flavour
+
     variants = all_variants()
     if args.only:
         variants = [v for v in variants if v.name in set(args.only)]
     args.out.mkdir(parents=True, exist_ok=True)
     args.cache.mkdir(parents=True, exist_ok=True)
     print(f"[build_kernels] {len(variants)} kernels for {kc.ARCH}, DSL {kc.cutlass.__version__}, "
-          f"flavour {args.flavour}, cache {args.cache}", flush=True)
+          f"flavour {args.flavour} (DSL: {dsl_flavour or 'unknown'}), cache {args.cache}", flush=True)
     start = time.perf_counter()
     rows = []
     for i, variant in enumerate(variants, 1):
