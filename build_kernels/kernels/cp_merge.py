@@ -45,10 +45,9 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
-from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
+from .tile_ops import D, _asm, _ir  # the shared inline-PTX wrappers
 
-D = 128  # K = V = head dimension
 ROWS = 16  # carry rows (value rows) per CTA: one m16 tile
 THREADS = 128  # 4 MMA warps, each owning 32 output columns
 WARP_COLS = D // (THREADS // 32)
@@ -69,65 +68,45 @@ MAT = D * D  # elements per (segment, head) matrix
 # inline PTX (memory ops carry side effects so LLVM keeps them on their side of every barrier)
 
 
-def _asm(ret_types, args, text, constraints, side_effects, loc, ip):
-    if not ret_types:
-        res_ty = None
-    elif len(ret_types) == 1:
-        res_ty = ret_types[0]
-    else:
-        res_ty = llvm.StructType.get_literal(list(ret_types))
-    res = llvm.inline_asm(res_ty, args, text, constraints, has_side_effects=side_effects,
-                          is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
-    if not ret_types:
-        return None
-    if len(ret_types) == 1:
-        return res
-    return tuple(llvm.extractvalue(t, res, [i], loc=loc, ip=ip) for i, t in enumerate(ret_types))
-
-
-def _v(x, ty, loc, ip):
-    return ty(x).ir_value(loc=loc, ip=ip)
-
-
 @dsl_user_op
 def cp_async_16(saddr: Int32, gaddr: Int64, *, loc=None, ip=None) -> None:
     """16-byte global -> shared copy, L2 only (cp.async.cg)."""
-    _asm(None, [_v(saddr, Int32, loc, ip), _v(gaddr, Int64, loc, ip)],
+    _asm(None, [_ir(saddr, Int32, loc, ip), _ir(gaddr, Int64, loc, ip)],
          "cp.async.cg.shared.global [$0], [$1], 16;", "r,l", True, loc, ip)
 
 
 @dsl_user_op
 def lds_b32(saddr: Int32, *, loc=None, ip=None) -> Int32:
-    return Int32(_asm([T.i32()], [_v(saddr, Int32, loc, ip)], "ld.shared.b32 $0, [$1];", "=r,r", True, loc, ip))
+    return Int32(_asm([T.i32()], [_ir(saddr, Int32, loc, ip)], "ld.shared.b32 $0, [$1];", "=r,r", True, loc, ip))
 
 
 @dsl_user_op
 def lds_f32(saddr: Int32, *, loc=None, ip=None) -> Float32:
-    return Float32(_asm([T.f32()], [_v(saddr, Int32, loc, ip)], "ld.shared.f32 $0, [$1];", "=f,r", True, loc, ip))
+    return Float32(_asm([T.f32()], [_ir(saddr, Int32, loc, ip)], "ld.shared.f32 $0, [$1];", "=f,r", True, loc, ip))
 
 
 @dsl_user_op
 def lds_v2_f32(saddr: Int32, *, loc=None, ip=None):
-    r = _asm([T.f32(), T.f32()], [_v(saddr, Int32, loc, ip)], "ld.shared.v2.f32 {$0, $1}, [$2];", "=f,=f,r",
+    r = _asm([T.f32(), T.f32()], [_ir(saddr, Int32, loc, ip)], "ld.shared.v2.f32 {$0, $1}, [$2];", "=f,=f,r",
              True, loc, ip)
     return Float32(r[0]), Float32(r[1])
 
 
 @dsl_user_op
 def sts_v2_b32(saddr: Int32, a: Int32, b: Int32, *, loc=None, ip=None) -> None:
-    _asm(None, [_v(saddr, Int32, loc, ip), _v(a, Int32, loc, ip), _v(b, Int32, loc, ip)],
+    _asm(None, [_ir(saddr, Int32, loc, ip), _ir(a, Int32, loc, ip), _ir(b, Int32, loc, ip)],
          "st.shared.v2.b32 [$0], {$1, $2};", "r,r,r", True, loc, ip)
 
 
 @dsl_user_op
 def sts_v4_b32(saddr: Int32, a: Int32, b: Int32, c: Int32, d: Int32, *, loc=None, ip=None) -> None:
-    _asm(None, [_v(saddr, Int32, loc, ip)] + [_v(x, Int32, loc, ip) for x in (a, b, c, d)],
+    _asm(None, [_ir(saddr, Int32, loc, ip)] + [_ir(x, Int32, loc, ip) for x in (a, b, c, d)],
          "st.shared.v4.b32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r", True, loc, ip)
 
 
 @dsl_user_op
 def ldg_v4_f32(gaddr: Int64, *, loc=None, ip=None):
-    r = _asm([T.f32()] * 4, [_v(gaddr, Int64, loc, ip)], "ld.global.nc.v4.f32 {$0, $1, $2, $3}, [$4];",
+    r = _asm([T.f32()] * 4, [_ir(gaddr, Int64, loc, ip)], "ld.global.nc.v4.f32 {$0, $1, $2, $3}, [$4];",
              "=f,=f,=f,=f,l", True, loc, ip)
     return tuple(Float32(x) for x in r)
 
@@ -135,7 +114,7 @@ def ldg_v4_f32(gaddr: Int64, *, loc=None, ip=None):
 @dsl_user_op
 def ldg_bf16x4_f32(gaddr: Int64, *, loc=None, ip=None):
     """Four consecutive bf16 (8 bytes), widened exactly to fp32."""
-    r = _asm([T.f32()] * 4, [_v(gaddr, Int64, loc, ip)],
+    r = _asm([T.f32()] * 4, [_ir(gaddr, Int64, loc, ip)],
              "{\n\t.reg .b32 w0, w1;\n\tld.global.nc.v2.b32 {w0, w1}, [$4];\n\t"
              "shl.b32 $0, w0, 16;\n\tand.b32 $1, w0, -65536;\n\tshl.b32 $2, w1, 16;\n\tand.b32 $3, w1, -65536;\n\t}",
              "=f,=f,=f,=f,l", True, loc, ip)
@@ -144,20 +123,20 @@ def ldg_bf16x4_f32(gaddr: Int64, *, loc=None, ip=None):
 
 @dsl_user_op
 def stg_v2_f32(gaddr: Int64, a: Float32, b: Float32, *, loc=None, ip=None) -> None:
-    _asm(None, [_v(gaddr, Int64, loc, ip), _v(a, Float32, loc, ip), _v(b, Float32, loc, ip)],
+    _asm(None, [_ir(gaddr, Int64, loc, ip), _ir(a, Float32, loc, ip), _ir(b, Float32, loc, ip)],
          "st.global.v2.f32 [$0], {$1, $2};", "l,f,f", True, loc, ip)
 
 
 @dsl_user_op
 def stg_v4_f32(gaddr: Int64, a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None, ip=None) -> None:
-    _asm(None, [_v(gaddr, Int64, loc, ip)] + [_v(x, Float32, loc, ip) for x in (a, b, c, d)],
+    _asm(None, [_ir(gaddr, Int64, loc, ip)] + [_ir(x, Float32, loc, ip) for x in (a, b, c, d)],
          "st.global.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f", True, loc, ip)
 
 
 @dsl_user_op
 def to_tf32(x: Float32, *, loc=None, ip=None) -> Int32:
     """fp32 -> tf32 (round to nearest, ties away), as the b32 operand register mma.sync expects."""
-    return Int32(_asm([T.i32()], [_v(x, Float32, loc, ip)], "cvt.rna.tf32.f32 $0, $1;", "=r,f", False, loc, ip))
+    return Int32(_asm([T.i32()], [_ir(x, Float32, loc, ip)], "cvt.rna.tf32.f32 $0, $1;", "=r,f", False, loc, ip))
 
 
 @dsl_user_op
@@ -167,8 +146,8 @@ def mma_tf32_1688(a, b, c, *, loc=None, ip=None):
     Fragments (g = lane >> 2, q = lane & 3): a0 (g, q), a1 (g+8, q), a2 (g, q+4), a3 (g+8, q+4);
     b0 (k q, n g), b1 (k q+4, n g); c0, c1 (g, 2q..2q+1), c2, c3 (g+8, 2q..2q+1).
     """
-    ops = [_v(x, Int32, loc, ip) for x in a] + [_v(x, Int32, loc, ip) for x in b] + \
-          [_v(x, Float32, loc, ip) for x in c]
+    ops = [_ir(x, Int32, loc, ip) for x in a] + [_ir(x, Int32, loc, ip) for x in b] + \
+          [_ir(x, Float32, loc, ip) for x in c]
     r = _asm([T.f32()] * 4, ops,
              "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
              "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
