@@ -145,9 +145,20 @@ def _cp_gather() -> List[Variant]:
             for name, dtype in (("bf16", "bfloat16"), ("f32", "float32"))]
 
 
+def _cp_pre_scan() -> List[Variant]:
+    """CP pre_scan (spec 4.3): per non-last segment and head, B_j and M_j as fp32 [n_seg, H, 128, 128]."""
+    args = (ptr("v", "bfloat16"), ptr("ws_kd", "uint8"), ptr("ws_kr", "uint8"), ptr("ws_gt", "float32"),
+            ptr("ws_inv", "bfloat16"), ptr("ws_bsig", "bfloat16"), ptr("seq_start", "int32", 4),
+            ptr("tile_prefix", "int32", 4), ptr("scan_seg", "int32", 4), ptr("b_seg", "float32"),
+            ptr("m_seg", "float32"), scalar("n_scan", "i32"), scalar("n_heads", "i32"), scalar("cap", "i32"), STREAM)
+    return [Variant(f"cp_pre_scan_vb{vb}", "cp_pre_scan", "cp_pre_scan", args, constants=(("value_block", vb),))
+            for vb in VALUE_BLOCKS]
+
+
 # Kernels are added to this list as they land; the build compiles exactly these.
-FAMILIES = {"seq_tables": _seq_tables, "k1": _k1, "k2": _k2, "approx": _approx, "cp_merge": _cp_merge, "cp_gather": _cp_gather}
-ENABLED = ("seq_tables", "k1", "k2", "approx", "cp_merge", "cp_gather")
+FAMILIES = {"seq_tables": _seq_tables, "k1": _k1, "k2": _k2, "approx": _approx, "cp_merge": _cp_merge, "cp_gather": _cp_gather,
+            "cp_pre_scan": _cp_pre_scan}
+ENABLED = ("seq_tables", "k1", "k2", "approx", "cp_merge", "cp_gather", "cp_pre_scan")
 
 
 def all_variants() -> List[Variant]:

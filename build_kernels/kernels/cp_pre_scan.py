@@ -1,0 +1,333 @@
+"""CP pre_scan (spec 4.2, 4.3, 4.6): per pre-scanned segment and head, the segment's affine transfer
+S_end = S_start @ M_j + B_j in the [V, K] state orientation, for the CP merge (cp_merge.py).
+
+Grid (n_scan, n_heads, 128 // VB), VB = value_block in {128, 64, 32}. CTA (x, h, vb) handles segment
+j = scan_seg[x] (never the last segment of its sequence, so all its tiles are full; rows >= m are
+still masked exactly as K2 does). Segment j covers global tiles tile_prefix[j] .. tile_prefix[j+1]-1,
+tile i at workspace slot h*cap + tile_prefix[j] + i, first token seq_start[j] + 16 i.
+
+Two chains run per tile in the same MMA warps, sharing the stage (and the Kd / Kr A fragments):
+
+* S-chain (B_j): K2's per-tile state update on the bf16 S^T (K x V) from S = 0, with the same code as
+  k2_recurrence.py minus Q4: Q1 u = bf(acc32(Kd S^T)) (8 k-steps of m16n8k16, same ldmatrix operands
+  and k order), Q2 r = bf(bf(v - u) * bsig) (v rows >= m forced to 0), Q3 U = bf(acc32(INV r)) via
+  movmatrix, Q5 S^T = bf(fma(S^T, gamma, acc32(Kr^T U))). Each accumulator sees exactly K2's MMA
+  sequence and rounding PTX (same mma_ops helpers), warp w owns the same NW value columns as in K2,
+  so B_j is bit-identical to K2's final state run from zero over the same tiles (spec 4.6 item 2).
+  b_seg[j, h, v, k] = f32(S^T[k, v]) (exact widening), written like K2's fp32 final state.
+
+* M-chain (M_j): spec 4.2 duality. With v := 0 the K2 step maps a K x K "state" X (rows play the value
+  channels) to X A_c with A_c = Diag(gamma) - Kd^T Diag(bsig) INV^T Kr:
+      u_X = Kd X^T (16 x K), U_X = INV Diag(bsig) (0 - u_X), X^T_new = Diag(gamma) X^T + Kr^T U_X,
+  i.e. X_new = X Diag(gamma) - X Kd^T Diag(bsig) INV^T Kr = X A_c. From X_0 = I, after tiles c_1..c_n,
+  X = A_{c_1} A_{c_2} ... A_{c_n} = M_j. Rows of X evolve independently (X_new[i, :] = X[i, :] A_c), so
+  CTA vb owns rows [vb*VB, vb*VB + VB) of X exactly as it owns value rows of S, warp w rows
+  col0 .. col0 + NW. Arithmetic: u_X = bf(acc32(Kd Xb^T)) with Xb = bf(X) the bf16 mirror (smem, same
+  layout as S^T); r_X = bf(bf(0 - u_X) * bsig); U_X = bf(acc32(INV r_X)); the canonical X^T is an fp32
+  register accumulator (C-fragment positions of the Q5 product) updated X^T = fma(X^T, gamma,
+  acc32(Kr^T U_X)) with no bf16 rounding; the mirror is re-rounded from it after every tile.
+
+Orientation (what merge needs): merge computes carry[V, K] @ m_seg[K, K] + b_seg[V, K] with
+row-major [128, 128] blocks. With S_out = S_in A_c + B_c (S is V x K, spec 4.2), a segment gives
+S_end = S_start (A_{c_1} ... A_{c_n}) + B_j, so m_seg[j, h] must hold M_j = X_end with
+m_seg[j, h, a, b] = M_j[a, b] = X_end[a, b] = X^T_end[b, a]: row a = the X row ("value" index owned
+by the CTA/warp), column b = key index, the same [row = value, col = key] placement as b_seg (and
+K2's final state). Check: carry @ M = sum_a carry[v, a] M[a, b]; for one tile, (S A_c)[v, b] =
+sum_a S[v, a] A_c[a, b]. The kernel stores the fragment element X^T[k, i] at m_seg[.., i, k].
+
+Thread roles (as K2): warps 0..W-1 MMA warps (W = mma_warps(VB), NW = VB / W value columns / X rows
+each), warp W producer (elected lanes arm the stage and issue the bulk copies, 3 elect regions).
+
+Shared memory (bytes):
+  S^T         VB * 256 (bf16, K2's warp-region core-matrix layout)
+  X mirror    VB * 256 (bf16, same layout)
+  stages      STAGES = 3 x SB, each: kd 4096 | kr 4096 | gt 512 | inv 512 | bsig 32 (+96 pad) |
+              v 16 rows x (2 VB + 16) = 13696 / 11648 / 10624 per stage (VB = 128 / 64 / 32)
+  barriers    2 * STAGES mbarriers
+  total       ~106.7 KB (VB=128), ~67.8 KB (64), ~48.3 KB (32) incl. alignment
+
+Pipeline: K2's ring (full[s] count 1, expect_tx = 9248 + m * 2 VB bytes = kd + kr + gt + inv + bsig +
+m v rows; empty[s] count W, each MMA warp arrives once after Q5 of both chains). Every tile the
+producer issues is consumed, so no copy is in flight at exit.
+"""
+
+from typing import Optional
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+from cutlass._mlir import ir
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from .k2_recurrence import BSIG_BYTES, GT_BYTES, HEAD_ROW_BYTES, SQ_BYTES, TILE_BYTES, mma_warps, v_stride
+from .mma_ops import (bulk_g2s, fma_rn, lds_b32, lds_bf16_f32, lds_f32, ldsm_x4, ldsm_x4_t, mma_bf16_16816,
+                      movmatrix_t, mul_rn, pack_bf16x2, round_bf16x2, select_b32, stg_f32_pair_from_bf16, sts_b32,
+                      sub_rn, unpack_bf16x2)
+from .tile_ops import CHUNK, D
+
+STAGES = 3
+OFF_KD, OFF_KR = 0, TILE_BYTES
+OFF_GT = 2 * TILE_BYTES
+OFF_INV = OFF_GT + GT_BYTES
+OFF_BSIG = OFF_INV + SQ_BYTES
+OFF_V = OFF_BSIG + 128
+FIXED_TX = 2 * TILE_BYTES + GT_BYTES + SQ_BYTES + BSIG_BYTES  # 9248 bytes + the v rows
+BF16_ONE = 0x3F80
+
+
+def stage_bytes(vb: int) -> int:
+    return (OFF_V + CHUNK * v_stride(vb) + 127) // 128 * 128
+
+
+# local global-memory helpers (64-bit addresses)
+@dsl_user_op
+def _ldg_s32(addr: Int64, *, loc: Optional[ir.Location] = None, ip: Optional[ir.InsertionPoint] = None) -> Int32:
+    return Int32(llvm.inline_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)], "ld.global.b32 $0, [$1];",
+                                 "=r,l", has_side_effects=True, is_align_stack=False,
+                                 asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@dsl_user_op
+def _stg_f32(addr: Int64, val: Float32, *, loc: Optional[ir.Location] = None,
+             ip: Optional[ir.InsertionPoint] = None) -> None:
+    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip), Float32(val).ir_value(loc=loc, ip=ip)],
+                    "st.global.f32 [$0], $1;", "l,f", has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@cute.kernel
+def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, inv_ptr: Int64, bsig_ptr: Int64,
+                     start_ptr: Int64, prefix_ptr: Int64, scan_ptr: Int64, bseg_ptr: Int64, mseg_ptr: Int64,
+                     n_heads: Int32, cap: Int32, value_block: cutlass.Constexpr[int]):
+    VB = value_block
+    MMA_WARPS = mma_warps(VB)
+    LOAD_WARP = MMA_WARPS
+    NW = VB // MMA_WARPS  # value columns (S) / X rows per MMA warp
+    NB = NW // 8
+    VSTR = v_stride(VB)
+    SB = stage_bytes(VB)
+
+    x, h, vblk = cute.arch.block_idx()
+    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    lane = cute.arch.lane_idx()
+
+    smem = cutlass.memory.SmemAllocator()
+    bars = smem.allocate_array(Int64, 2 * STAGES, byte_alignment=8)
+    buf = smem.allocate(STAGES * SB, byte_alignment=128)
+    sstate = smem.allocate(VB * D * 2, byte_alignment=128)
+    smirror = smem.allocate(VB * D * 2, byte_alignment=128)
+    full = bars
+    empty = bars + STAGES
+    buf_addr = buf.toint()
+
+    if warp == 0:
+        with cute.arch.elect_one():
+            for s in cutlass.range_constexpr(STAGES):
+                cute.arch.mbarrier_init(full + s, 1)
+                cute.arch.mbarrier_init(empty + s, MMA_WARPS)
+            cute.arch.mbarrier_init_fence()
+    cute.arch.barrier()
+
+    j = _ldg_s32(scan_ptr + Int64(x) * 4)
+    tok0 = _ldg_s32(start_ptr + Int64(j) * 4)
+    tok_end = _ldg_s32(start_ptr + Int64(j + 1) * 4)
+    tile0 = _ldg_s32(prefix_ptr + Int64(j) * 4)
+    ntiles = _ldg_s32(prefix_ptr + Int64(j + 1) * 4) - tile0
+    h64 = Int64(h)
+    H64 = Int64(n_heads)
+
+    if warp == LOAD_WARP:
+        # ---------------------------------------------------------------- producer
+        slot0 = h64 * Int64(cap) + Int64(tile0)
+        col_bytes = Int64(vblk * (VB * 2))
+        for i in cutlass.range(ntiles, unroll=1):
+            s = i % STAGES
+            cute.arch.mbarrier_wait(empty + s, ((i // STAGES) & 1) ^ 1)
+            start = tok0 + i * CHUNK
+            m = cutlass.min(tok_end - start, CHUNK)
+            slot = slot0 + Int64(i)
+            sb = buf_addr + s * SB
+            fb = (full + s).toint()
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(full + s, FIXED_TX + m * (VB * 2))
+                bulk_g2s(sb + OFF_KD, kd_ptr + slot * TILE_BYTES, TILE_BYTES, fb)
+                bulk_g2s(sb + OFF_KR, kr_ptr + slot * TILE_BYTES, TILE_BYTES, fb)
+            with cute.arch.elect_one():
+                bulk_g2s(sb + OFF_GT, gt_ptr + slot * GT_BYTES, GT_BYTES, fb)
+                bulk_g2s(sb + OFF_INV, inv_ptr + slot * SQ_BYTES, SQ_BYTES, fb)
+                bulk_g2s(sb + OFF_BSIG, bsig_ptr + slot * BSIG_BYTES, BSIG_BYTES, fb)
+            with cute.arch.elect_one():
+                vrow = v_ptr + (Int64(start) * H64 + h64) * HEAD_ROW_BYTES + col_bytes
+                for r in cutlass.range(m, unroll=1):
+                    bulk_g2s(sb + OFF_V + r * VSTR, vrow + Int64(r) * H64 * HEAD_ROW_BYTES, VB * 2, fb)
+    else:
+        # ---------------------------------------------------------------- MMA warps
+        w = warp
+        g = lane >> 2
+        q = lane & 3
+        j4 = lane >> 3
+        i8 = lane & 7
+        region = sstate.toint() + w * (NW * D * 2)
+        mregion = smirror.toint() + w * (NW * D * 2)
+        col0 = vblk * VB + w * NW  # first global value column (S) / X row (M) of this warp
+        out_base = (Int64(j) * H64 + h64) * Int64(D * D)  # element index of b_seg/m_seg[j, h, 0, 0]
+
+        off_a = lane * 16
+        if cutlass.const_expr(NB >= 2):
+            off_sb = 128 * ((j4 >> 1) + NB * (j4 & 1)) + 16 * i8
+        else:
+            off_sb = 16 * lane
+        off_kr = 256 * (j4 & 1) + 128 * (j4 >> 1) + 16 * i8
+        off_sq = 32 * (8 * (j4 & 1) + i8) + 16 * (j4 >> 1)
+
+        # -------- entry: S^T = 0, mirror Xb^T = I (X^T[k, i] = [k == col0 + i], exact in bf16)
+        for jj in cutlass.range_constexpr(D // 32):
+            k = lane + 32 * jj
+            koff = 128 * NB * (k >> 3) + 16 * (k & 7)
+            for p in cutlass.range_constexpr(NW // 2):
+                woff = koff + 128 * (p // 4) + 4 * (p % 4)
+                sts_b32(region + woff, Int32(0))
+                c = col0 + 2 * p
+                word = (select_b32(Int32(k == c), Int32(BF16_ONE), Int32(0))
+                        + select_b32(Int32(k == c + 1), Int32(BF16_ONE << 16), Int32(0)))
+                sts_b32(mregion + woff, word)
+        cute.arch.sync_warp()
+
+        # canonical X^T (fp32) in registers at the Q5 C-fragment positions: element 4 (nb + NB mb) + c is
+        # X^T[16 mb + g + 8 (c >> 1), col0 + 8 nb + 2 q + (c & 1)]; initialised from the exact mirror
+        xr = cute.make_rmem_tensor(32 * NB, Float32)
+        for mb in cutlass.range_constexpr(D // 16):
+            for nb in cutlass.range_constexpr(NB):
+                e = 4 * (nb + NB * mb)
+                w_a0 = mregion + 128 * (nb + NB * (2 * mb)) + 4 * lane
+                xr[e], xr[e + 1] = unpack_bf16x2(lds_b32(w_a0))
+                xr[e + 2], xr[e + 3] = unpack_bf16x2(lds_b32(w_a0 + 128 * NB))
+
+        zero = Float32(0.0)
+        for i in cutlass.range(ntiles, unroll=1):
+            s = i % STAGES
+            cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
+            sb = buf_addr + s * SB
+            start = tok0 + i * CHUNK
+            m = cutlass.min(tok_end - start, CHUNK)
+
+            # -------- Q1: u = Kd S^T (S-chain), u_X = Kd Xb^T (M-chain), shared A fragments
+            acc_u = [[zero, zero, zero, zero] for _ in range(NB)]
+            acc_x = [[zero, zero, zero, zero] for _ in range(NB)]
+            bq = [None, None, None, None]
+            bx = [None, None, None, None]
+            for kb in cutlass.range_constexpr(D // 16):
+                a_k = ldsm_x4(sb + OFF_KD + 512 * kb + off_a)
+                if cutlass.const_expr(NB >= 2):
+                    for p in cutlass.range_constexpr(NB // 2):
+                        bq = ldsm_x4_t(region + 128 * (2 * p + 2 * NB * kb) + off_sb)
+                        bx = ldsm_x4_t(mregion + 128 * (2 * p + 2 * NB * kb) + off_sb)
+                        for t in cutlass.range_constexpr(2):
+                            acc_u[2 * p + t] = list(mma_bf16_16816(a_k, (bq[2 * t], bq[2 * t + 1]), acc_u[2 * p + t]))
+                            acc_x[2 * p + t] = list(mma_bf16_16816(a_k, (bx[2 * t], bx[2 * t + 1]), acc_x[2 * p + t]))
+                else:
+                    if cutlass.const_expr(kb % 2 == 0):
+                        bq = ldsm_x4_t(region + 256 * kb + off_sb)
+                        bx = ldsm_x4_t(mregion + 256 * kb + off_sb)
+                    t = kb % 2
+                    acc_u[0] = list(mma_bf16_16816(a_k, (bq[2 * t], bq[2 * t + 1]), acc_u[0]))
+                    acc_x[0] = list(mma_bf16_16816(a_k, (bx[2 * t], bx[2 * t + 1]), acc_x[0]))
+
+            # -------- Q2, Q3 per n-block (S-chain exactly as K2; M-chain with v = 0)
+            a_inv = ldsm_x4(sb + OFF_INV + off_sq)
+            bs0 = lds_bf16_f32(sb + OFF_BSIG + 2 * g)
+            bs1 = lds_bf16_f32(sb + OFF_BSIG + 2 * (g + 8))
+            ok0 = Int32(g < m)
+            ok1 = Int32(g + 8 < m)
+            v_a0 = sb + OFF_V + g * VSTR + (w * NW + 2 * q) * 2
+            u_frag = []
+            x_frag = []
+            for nb in cutlass.range_constexpr(NB):
+                u0, u1 = round_bf16x2(acc_u[nb][0], acc_u[nb][1])
+                u2, u3 = round_bf16x2(acc_u[nb][2], acc_u[nb][3])
+                vw0 = select_b32(ok0, lds_b32(v_a0 + 16 * nb), Int32(0))
+                vw1 = select_b32(ok1, lds_b32(v_a0 + 8 * VSTR + 16 * nb), Int32(0))
+                v0, v1 = unpack_bf16x2(vw0)
+                v2, v3 = unpack_bf16x2(vw1)
+                d0, d1 = round_bf16x2(sub_rn(v0, u0), sub_rn(v1, u1))
+                d2, d3 = round_bf16x2(sub_rn(v2, u2), sub_rn(v3, u3))
+                r_lo = pack_bf16x2(mul_rn(d0, bs0), mul_rn(d1, bs0))
+                r_hi = pack_bf16x2(mul_rn(d2, bs1), mul_rn(d3, bs1))
+                uu = mma_bf16_16816(a_inv, (movmatrix_t(r_lo), movmatrix_t(r_hi)), (zero, zero, zero, zero))
+                u_frag.append((movmatrix_t(pack_bf16x2(uu[0], uu[1])), movmatrix_t(pack_bf16x2(uu[2], uu[3]))))
+
+                x0, x1 = round_bf16x2(acc_x[nb][0], acc_x[nb][1])
+                x2, x3 = round_bf16x2(acc_x[nb][2], acc_x[nb][3])
+                e0, e1 = round_bf16x2(sub_rn(zero, x0), sub_rn(zero, x1))
+                e2, e3 = round_bf16x2(sub_rn(zero, x2), sub_rn(zero, x3))
+                rx_lo = pack_bf16x2(mul_rn(e0, bs0), mul_rn(e1, bs0))
+                rx_hi = pack_bf16x2(mul_rn(e2, bs1), mul_rn(e3, bs1))
+                ux = mma_bf16_16816(a_inv, (movmatrix_t(rx_lo), movmatrix_t(rx_hi)), (zero, zero, zero, zero))
+                x_frag.append((movmatrix_t(pack_bf16x2(ux[0], ux[1])), movmatrix_t(pack_bf16x2(ux[2], ux[3]))))
+
+            # -------- Q5: S^T = bf(fma(S^T, gamma, Kr^T U)); X^T = fma(X^T, gamma, Kr^T U_X) in fp32
+            for mb in cutlass.range_constexpr(D // 16):
+                a_kr = ldsm_x4_t(sb + OFF_KR + 512 * mb + off_kr)
+                gam0 = lds_f32(sb + OFF_GT + 4 * (16 * mb + g))
+                gam1 = lds_f32(sb + OFF_GT + 4 * (16 * mb + 8 + g))
+                for nb in cutlass.range_constexpr(NB):
+                    ds = mma_bf16_16816(a_kr, u_frag[nb], (zero, zero, zero, zero))
+                    w_a0 = region + 128 * (nb + NB * (2 * mb)) + 4 * lane
+                    w_a1 = w_a0 + 128 * NB
+                    s0, s1 = unpack_bf16x2(lds_b32(w_a0))
+                    s2, s3 = unpack_bf16x2(lds_b32(w_a1))
+                    sts_b32(w_a0, pack_bf16x2(fma_rn(s0, gam0, ds[0]), fma_rn(s1, gam0, ds[1])))
+                    sts_b32(w_a1, pack_bf16x2(fma_rn(s2, gam1, ds[2]), fma_rn(s3, gam1, ds[3])))
+
+                    dx = mma_bf16_16816(a_kr, x_frag[nb], (zero, zero, zero, zero))
+                    e = 4 * (nb + NB * mb)
+                    n0 = fma_rn(xr[e], gam0, dx[0])
+                    n1 = fma_rn(xr[e + 1], gam0, dx[1])
+                    n2 = fma_rn(xr[e + 2], gam1, dx[2])
+                    n3 = fma_rn(xr[e + 3], gam1, dx[3])
+                    xr[e] = n0
+                    xr[e + 1] = n1
+                    xr[e + 2] = n2
+                    xr[e + 3] = n3
+                    m_a0 = mregion + 128 * (nb + NB * (2 * mb)) + 4 * lane
+                    sts_b32(m_a0, pack_bf16x2(n0, n1))
+                    sts_b32(m_a0 + 128 * NB, pack_bf16x2(n2, n3))
+
+            cute.arch.sync_warp()
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive(empty + s)
+
+        # -------- exit: b_seg[j, h, v, k] = f32(S^T[k, v]) (exact), m_seg[j, h, i, k] = X^T[k, i] (fp32)
+        for jj in cutlass.range_constexpr(D // 32):
+            k = lane + 32 * jj
+            koff = 128 * NB * (k >> 3) + 16 * (k & 7)
+            for p in cutlass.range_constexpr(NW // 2):
+                word = lds_b32(region + koff + 128 * (p // 4) + 4 * (p % 4))
+                e0 = out_base + Int64(col0 + 2 * p) * D + Int64(k)
+                stg_f32_pair_from_bf16(bseg_ptr + e0 * 4, bseg_ptr + (e0 + D) * 4, word)
+        for mb in cutlass.range_constexpr(D // 16):
+            for nb in cutlass.range_constexpr(NB):
+                e = 4 * (nb + NB * mb)
+                i0 = out_base + Int64(col0 + 8 * nb + 2 * q) * D + Int64(16 * mb + g)  # (row i0, key k0)
+                _stg_f32(mseg_ptr + i0 * 4, xr[e])
+                _stg_f32(mseg_ptr + (i0 + D) * 4, xr[e + 1])
+                _stg_f32(mseg_ptr + (i0 + 8) * 4, xr[e + 2])
+                _stg_f32(mseg_ptr + (i0 + D + 8) * 4, xr[e + 3])
+
+
+@cute.jit
+def cp_pre_scan(v: cute.Pointer, ws_kd: cute.Pointer, ws_kr: cute.Pointer, ws_gt: cute.Pointer,
+                ws_inv: cute.Pointer, ws_bsig: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer,
+                scan_seg: cute.Pointer, b_seg: cute.Pointer, m_seg: cute.Pointer, n_scan: Int32, n_heads: Int32,
+                cap: Int32, stream: cuda.CUstream, value_block: cutlass.Constexpr[int]):
+    """pre_scan host entry: v [T_total, H, 128] bf16, workspace regions kd/kr/gt/inv/bsig
+    (docs/kernel_abi.md) written by K1 with the SEGMENT tables seq_start/tile_prefix [n_seg + 1],
+    scan_seg int32 [n_scan] (segments to process, never a sequence's last), outputs b_seg/m_seg fp32
+    [n_seg, H, 128, 128] (only the scanned segments' blocks are written)."""
+    assert value_block in (128, 64, 32)
+    _pre_scan_kernel(v.toint(), ws_kd.toint(), ws_kr.toint(), ws_gt.toint(), ws_inv.toint(), ws_bsig.toint(),
+                     seq_start.toint(), tile_prefix.toint(), scan_seg.toint(), b_seg.toint(), m_seg.toint(),
+                     n_heads, cap, value_block).launch(
+        grid=(n_scan, n_heads, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream)
