@@ -125,7 +125,7 @@ def _need(lib, *names):
 
 
 @pytest.mark.parametrize("vb", [128, 64, 32])
-@pytest.mark.parametrize("lower_bound", [-5.0, -0.1])
+@pytest.mark.parametrize("lower_bound", [-5.0, -0.02])
 @pytest.mark.parametrize("case", list(CASES))
 def test_pre_scan(case, lower_bound, vb):
     from kda_aot.loader import get_library
