@@ -6,6 +6,8 @@ and sizes (the kernels' C ABI checks nothing, docs/kernel_abi.md) and launches.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Dict, Optional
 
 import numpy as np
@@ -41,6 +43,7 @@ def run_serial(lib: KernelLibrary, problem: Problem, t: Dict[str, Optional[Tenso
                                value_split_override=value_split)
     if problem.N == 0 or problem.H == 0:
         return plan  # empty work: nothing to launch (spec 1.4)
+    _forget_upload(stream)
     t_total = problem.B * problem.T
     layout = workspace_layout(problem.H, plan.tile_capacity, problem.N)
     base = ARENA.get(problem.device_id, stream, layout.nbytes)
@@ -53,12 +56,24 @@ def run_serial(lib: KernelLibrary, problem: Problem, t: Dict[str, Optional[Tenso
         k1 = lib.kernel("k1_prepare")
         k1(t["q"].ptr, t["k"].ptr, t["g"].ptr, t["beta"].ptr, t["A_log"].ptr, t["dt_bias"].ptr,
            p["seq_start"], p["tile_prefix"], *ws, *sizes, problem.scale, gate_constant(problem.lower_bound), stream)
-    k2 = planner.select_variant(lib.kernels.values(), "k2_recurrence", plan.k2_constants)
+    k2 = k2_variant(lib, plan.k2_constants)
     initial = t.get("initial_state")
     final = t.get("final_state")
     k2(t["v"].ptr, t["out"].ptr, *ws, p["seq_start"], p["tile_prefix"],
        initial.ptr if initial is not None else 0, final.ptr if final is not None else 0, *sizes, stream)
     return plan
+
+
+_VARIANTS: Dict[tuple, object] = {}
+
+
+def k2_variant(lib: KernelLibrary, constants: Dict[str, object]):
+    """The K2 kernel for these constants (looked up once per library and constants)."""
+    key = (id(lib), tuple(sorted(constants.items())))
+    kernel = _VARIANTS.get(key)
+    if kernel is None:
+        kernel = _VARIANTS[key] = planner.select_variant(lib.kernels.values(), "k2_recurrence", constants)
+    return kernel
 
 
 def serial_available(lib: KernelLibrary) -> bool:
@@ -86,40 +101,61 @@ def cp_available(lib: KernelLibrary) -> bool:
                for e in ("cp_pre_scan", "cp_merge", "cp_gather_final", "k2_recurrence"))
 
 
-def _cp_tables(plan: cp_plan.CPPlan) -> Dict[str, np.ndarray]:
+@dataclasses.dataclass(frozen=True)
+class CPLaunch:
+    """Everything a CP call derives from (plan, heads, tile capacity), computed once per shape."""
+
+    blob: np.ndarray  # the int32 tables, uploaded as one copy
+    table_offsets: Dict[str, int]  # byte offset of each table inside the blob
+    layout: WorkspaceLayout
+    n_scan: int
+
+
+@functools.lru_cache(maxsize=64)
+def cp_launch(plan: cp_plan.CPPlan, n_heads: int, tile_cap: int) -> CPLaunch:
     seg_start, seg_prefix = cp_plan.segment_tables(plan)
-    first = [f for f, _ in plan.per_seq]
-    count = [c for _, c in plan.per_seq]
-    return {
-        "seg_start": np.asarray(seg_start, np.int32), "seg_prefix": np.asarray(seg_prefix, np.int32),
-        "scan_seg": np.asarray(cp_plan.non_last_segments(plan, longest_first=True) or [0], np.int32),
-        "seg_first": np.asarray(first, np.int32), "seg_count": np.asarray(count, np.int32),
-        "last_seg": np.asarray(cp_plan.last_segments(plan), np.int32),
+    scan = cp_plan.non_last_segments(plan, longest_first=True)
+    tables = {
+        "seg_start": seg_start, "seg_prefix": seg_prefix, "scan_seg": scan or [0],
+        "seg_first": [f for f, _ in plan.per_seq], "seg_count": [c for _, c in plan.per_seq],
+        "last_seg": cp_plan.last_segments(plan),
     }
-
-
-def _cp_layout(plan: cp_plan.CPPlan, n_heads: int, tile_cap: int, tables: Dict[str, np.ndarray]) -> WorkspaceLayout:
-    """K1's workspace for the segment tables plus the CP scratch (spec 4.7)."""
+    offsets, at = {}, 0
+    for name, values in tables.items():
+        offsets[name] = at
+        at += 4 * len(values)
+    blob = np.concatenate([np.asarray(v, np.int32) for v in tables.values()])
+    blob.setflags(write=False)
+    # K1's workspace for the segment tables, then the CP scratch (spec 4.7).
     base = workspace_layout(n_heads, tile_cap, plan.n_segments)
-    regions = dict(base.regions)
-    offset = base.nbytes
+    regions, offset = dict(base.regions), base.nbytes
     scratch = plan.n_segments * n_heads * STATE_BYTES
-    for name, nbytes in [("tables", sum(t.nbytes for t in tables.values()))] + [
-            (n, scratch) for n in ("b_seg", "m_seg", "carries", "seg_final")]:
+    for name, nbytes in [("tables", blob.nbytes)] + [(n, scratch) for n in ("b_seg", "m_seg", "carries", "seg_final")]:
         regions[name] = (offset, nbytes)
         offset = -(-(offset + nbytes) // 256) * 256
-    return WorkspaceLayout(regions, offset)
+    return CPLaunch(blob, offsets, WorkspaceLayout(regions, offset), len(scan))
 
 
-# Host copies of uploaded tables stay alive until the next upload on the same stream: a copy
-# captured into a CUDA graph reads its source again at every replay.
-_UPLOADS: Dict[int, np.ndarray] = {}
+# The last segment tables uploaded per stream, with their destination. The host copy stays alive
+# (a copy captured into a CUDA graph reads its source at every replay), and an identical upload
+# to the same place is skipped: nothing but a CP call writes that region, and every serial call
+# forgets the record (its workspace may overlap the region).
+_UPLOADS: Dict[int, tuple] = {}
+
+
+def _forget_upload(stream: int) -> None:
+    _UPLOADS.pop(stream, None)
 
 
 def _upload(blob: np.ndarray, dst: int, stream: int) -> None:
     from cuda.bindings import driver
 
-    _UPLOADS[stream] = blob
+    from .streams import is_capturing
+
+    last = _UPLOADS.get(stream)
+    if last is not None and last[0] == dst and last[1] is blob and not is_capturing(stream):
+        return
+    _UPLOADS[stream] = (dst, blob)
     (err,) = driver.cuMemcpyHtoDAsync(dst, blob.ctypes.data, blob.nbytes, driver.CUstream(stream))
     if err != driver.CUresult.CUDA_SUCCESS:
         raise KdaError(f"uploading the CP segment tables failed: {err}")
@@ -131,24 +167,19 @@ def run_cp(lib: KernelLibrary, problem: Problem, t: Dict[str, Optional[TensorDes
     H, n_seg, N = problem.H, plan.n_segments, problem.N
     split = value_split or planner.value_split(n_seg, H, sm_count)
     vb = planner.D // split
-    tables = _cp_tables(plan)
     tile_cap = max(1, planner.tile_capacity(problem.B * problem.T, n_seg, True))
-    layout = _cp_layout(plan, H, tile_cap, tables)
-    p = layout.pointers(ARENA.get(problem.device_id, stream, layout.nbytes))
-    blob = np.concatenate(list(tables.values()))
-    offsets, at = {}, p["tables"]
-    for name, arr in tables.items():
-        offsets[name] = at
-        at += arr.nbytes
+    launch = cp_launch(plan, H, tile_cap)
+    p = launch.layout.pointers(ARENA.get(problem.device_id, stream, launch.layout.nbytes))
+    offsets = {name: p["tables"] + off for name, off in launch.table_offsets.items()}
     lib.set_device(problem.device_id)
-    _upload(blob, p["tables"], stream)
+    _upload(launch.blob, p["tables"], stream)
     ws = (p["qd"], p["kd"], p["kr"], p["gt"], p["inv"], p["mqk"], p["bsig"])
     t_total = problem.B * problem.T
     seg_tables = (offsets["seg_start"], offsets["seg_prefix"])
     lib.kernel("k1_prepare")(t["q"].ptr, t["k"].ptr, t["g"].ptr, t["beta"].ptr, t["A_log"].ptr, t["dt_bias"].ptr,
                              *seg_tables, *ws, t_total, n_seg, H, tile_cap, problem.scale,
                              gate_constant(problem.lower_bound), stream)
-    n_scan = len(cp_plan.non_last_segments(plan))
+    n_scan = launch.n_scan
     if n_scan:
         lib.kernel(f"cp_pre_scan_vb{vb}")(t["v"].ptr, p["kd"], p["kr"], p["gt"], p["inv"], p["bsig"], *seg_tables,
                                           offsets["scan_seg"], p["b_seg"], p["m_seg"], n_scan, H, tile_cap, stream)
@@ -159,8 +190,7 @@ def run_cp(lib: KernelLibrary, problem: Problem, t: Dict[str, Optional[TensorDes
     # Segments start from their carries (fp32, rounded to bf16 on entry exactly as serial K2 rounds
     # an fp32 initial state) and leave their fp32 exit states in seg_final for the gather.
     final = t.get("final_state")
-    k2 = planner.select_variant(lib.kernels.values(), "k2_recurrence", {
-        "has_initial": True, "has_final": final is not None, "state_fp32": True, "value_block": vb})
+    k2 = k2_variant(lib, {"has_initial": True, "has_final": final is not None, "state_fp32": True, "value_block": vb})
     k2(t["v"].ptr, t["out"].ptr, *ws, *seg_tables, p["carries"], p["seg_final"], t_total, n_seg, H, tile_cap, stream)
     if final is not None:
         name = "cp_gather_final_" + ("f32" if problem.state_dtype == "float32" else "bf16")

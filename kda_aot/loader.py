@@ -54,6 +54,9 @@ class Kernel:
         self.args: List[dict] = spec["args"]
         self.constants: dict = spec.get("constants", {})
         self._loaded = False
+        # ctypes boxing per argument, decided once: calls sit on the host's critical path
+        self._boxers = [ctypes.c_void_p if a["kind"] in ("ptr", "stream") else _CTYPES[a["kind"]] for a in self.args]
+        self._argv_type = ctypes.c_void_p * len(self.args)
 
     def __repr__(self) -> str:
         return f"Kernel({self.name})"
@@ -70,16 +73,13 @@ class Kernel:
         if len(values) != len(self.args):
             raise TypeError(f"kernel {self.name} takes {len(self.args)} arguments "
                             f"({', '.join(a['name'] for a in self.args)}), got {len(values)}")
-        self.ensure_loaded()
-        boxed = []
-        for spec, value in zip(self.args, values):
-            kind = spec["kind"]
-            if kind in ("ptr", "stream"):
-                boxed.append(ctypes.c_void_p(int(value or 0)))
-            else:
-                boxed.append(_CTYPES[kind](value))
-        argv = (ctypes.c_void_p * len(boxed))(*[ctypes.cast(ctypes.pointer(b), ctypes.c_void_p) for b in boxed])
-        self.library._check(self.library._lib.kda_launch(self.index, argv, len(boxed)), f"kernel {self.name}")
+        if not self._loaded:
+            self.ensure_loaded()
+        boxed = [box(value or 0) for box, value in zip(self._boxers, values)]
+        argv = self._argv_type(*[ctypes.addressof(b) for b in boxed])
+        code = self.library._lib.kda_launch(self.index, argv, len(boxed))
+        if code:
+            self.library._check(code, f"kernel {self.name}")
 
 
 class KernelLibrary:
