@@ -25,9 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _package_version() -> str:
-    import tomllib
-
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    # A regex rather than tomllib, which needs Python 3.11: the build supports 3.10.
+    found = re.search(r'^version\s*=\s*"([^"]+)"', (ROOT / "pyproject.toml").read_text(), flags=re.M)
+    return found.group(1) if found else "unknown"
 
 
 def _git_revision() -> str:

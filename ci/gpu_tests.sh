@@ -7,7 +7,7 @@ set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/tmp/kda-gpu-out}
 mkdir -p "$OUT"
-WHEEL=${1:-$(ls "$REPO"/dist/kda_aot-*.whl 2>/dev/null | head -n 1)}
+WHEEL=${1:-$(ls "$REPO"/dist/kda_aot*.whl 2>/dev/null | head -n 1)}
 shift || true
 [ -f "$WHEEL" ] || { echo "no wheel given or found in dist/ (build one with: pip wheel . -w dist)"; exit 2; }
 SITE=$(mktemp -d)
