@@ -76,6 +76,7 @@ def k2_variant(lib: KernelLibrary, constants: Dict[str, object]):
     return kernel
 
 
+@functools.lru_cache(maxsize=None)
 def serial_available(lib: KernelLibrary) -> bool:
     return lib.has("k1_prepare") and any(k.entry == "k2_recurrence" for k in lib.kernels.values())
 
@@ -96,6 +97,7 @@ def memory_floor_bytes(problem: Problem) -> int:
 STATE_BYTES = 128 * 128 * 4  # one fp32 [V, K] state
 
 
+@functools.lru_cache(maxsize=None)
 def cp_available(lib: KernelLibrary) -> bool:
     return all(any(k.entry == e for k in lib.kernels.values())
                for e in ("cp_pre_scan", "cp_merge", "cp_gather_final", "k2_recurrence"))

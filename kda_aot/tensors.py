@@ -79,6 +79,8 @@ def describe(obj: Any, name: str) -> TensorDesc:
     if isinstance(obj, TensorDesc):
         return obj
     if type(obj).__module__.startswith("torch"):
+        if not _TORCH_DTYPES:
+            _init_torch_dtypes()
         return _describe_torch(obj, name)
     return describe_dlpack(obj, name)
 
@@ -115,10 +117,26 @@ def _describe_torch(t: Any, name: str) -> TensorDesc:
 
     if not isinstance(t, torch.Tensor):
         return describe_dlpack(t, name)
-    on_device = t.device.type == "cuda"
-    return TensorDesc(name=name, ptr=int(t.data_ptr()), shape=tuple(t.shape), strides=tuple(t.stride()),
-                      dtype=str(t.dtype).removeprefix("torch."), device=_CUDA if on_device else "cpu",
-                      device_id=int(t.device.index) if on_device else -1, owner=t)
+    dtype = _TORCH_DTYPES.get(t.dtype) or str(t.dtype).removeprefix("torch.")
+    on_device = t.is_cuda
+    # Filling __dict__ directly skips the frozen dataclass's per-field object.__setattr__: the
+    # result is the same value-compared, hashable description.
+    desc = object.__new__(TensorDesc)
+    desc.__dict__.update(name=name, ptr=t.data_ptr(), shape=tuple(t.shape), strides=t.stride(), dtype=dtype,
+                         device=_CUDA if on_device else "cpu", device_id=t.get_device() if on_device else -1,
+                         owner=t)
+    return desc
+
+
+_TORCH_DTYPES: dict = {}
+
+
+def _init_torch_dtypes() -> None:
+    import torch
+
+    for name in _ITEMSIZE:
+        if hasattr(torch, name):
+            _TORCH_DTYPES[getattr(torch, name)] = name
 
 
 def _is_host_visible(obj: Any) -> bool:
