@@ -70,13 +70,20 @@ class Kernel:
                 self._loaded = True
 
     def __call__(self, *values) -> None:
+        self.launch(self.prepare(*values))
+
+    def prepare(self, *values) -> tuple:
+        """Box the arguments once; `launch` may then run the same prepared call many times."""
         if len(values) != len(self.args):
             raise TypeError(f"kernel {self.name} takes {len(self.args)} arguments "
                             f"({', '.join(a['name'] for a in self.args)}), got {len(values)}")
+        boxed = [box(value or 0) for box, value in zip(self._boxers, values)]
+        return self._argv_type(*[ctypes.addressof(b) for b in boxed]), boxed
+
+    def launch(self, prepared: tuple) -> None:
         if not self._loaded:
             self.ensure_loaded()
-        boxed = [box(value or 0) for box, value in zip(self._boxers, values)]
-        argv = self._argv_type(*[ctypes.addressof(b) for b in boxed])
+        argv, boxed = prepared
         code = self.library._lib.kda_launch(self.index, argv, len(boxed))
         if code:
             self.library._check(code, f"kernel {self.name}")

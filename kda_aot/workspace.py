@@ -80,6 +80,11 @@ class WorkspaceArena:
             self._buffers[key] = new
             return int(new.handle)
 
+    def base(self, device_id: int, stream_handle: int) -> int:
+        """The current buffer's address for (device, stream), 0 when there is none."""
+        buf = self._buffers.get((device_id, stream_handle))
+        return int(buf.handle) if buf is not None else 0
+
     def release(self) -> None:
         """Free every buffer (tests and long-lived processes that change shape once)."""
         with self._lock:
