@@ -115,6 +115,8 @@ def main(argv=None) -> int:
     parser.add_argument("--value-split", type=int, nargs="*", default=None,
                         help="also time these forced K2 value splits (1, 2, 4)")
     parser.add_argument("--md", help="write the table as markdown to this file")
+    parser.add_argument("--sweep-cp", action="store_true",
+                        help="time forced CP segment counts x value splits on the CP suite (planner tuning)")
     args = parser.parse_args(argv)
     import torch
 
@@ -124,6 +126,8 @@ def main(argv=None) -> int:
         print("the benchmark needs a CUDA GPU")
         return 2
     cases = {"serial": SERIAL_SUITE, "cp": CP_SUITE, "all": SERIAL_SUITE + CP_SUITE}[args.suite]
+    if args.sweep_cp:
+        return sweep_cp(args)
     bw = copy_bandwidth()
     print(f"kda-aot {kda_aot.__version__} on {torch.cuda.get_device_name()}, copy bandwidth {bw / 1e12:.2f} TB/s, "
           f"median of {args.iters} after {args.warmup} warm-ups", flush=True)
@@ -157,6 +161,27 @@ def main(argv=None) -> int:
     if args.md:
         with open(args.md, "w") as f:
             f.write("\n".join(table) + "\n")
+    return 0
+
+
+def sweep_cp(args) -> int:
+    """Median ms of forced CP plans (segments per sequence x K2 value split) on the CP suite."""
+    import torch
+
+    import kda_aot
+
+    segments, splits = (8, 16, 32, 64), (1, 2, 4)
+    print("| H | sequences | serial | auto | " + " | ".join(f"s{n}/v{v}" for n in segments for v in splits) + " |")
+    for H, lens in CP_SUITE:
+        x, cu, out, final = make_case(H, lens)
+
+        def call(cp, split=None):
+            return kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+                                   initial_state=x["initial_state"], output_final_state=True, cu_seqlens=cu,
+                                   seq_lens=lens, out=out, final_state=final, cp=cp, value_split=split)
+        row = [time_ms(lambda: call("off"), args.iters, args.warmup), time_ms(lambda: call("auto"), args.iters, args.warmup)]
+        row += [time_ms(lambda n=n, v=v: call(n, v), args.iters, args.warmup) for n in segments for v in splits]
+        print(f"| {H} | {shape_key(lens)} | " + " | ".join(f"{c:.3f}" for c in row) + " |", flush=True)
     return 0
 
 
