@@ -61,13 +61,13 @@ from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .k2_recurrence import BSIG_BYTES, GT_BYTES, HEAD_ROW_BYTES, SQ_BYTES, TILE_BYTES, mma_warps, v_stride
-from .mma_ops import (bulk_g2s, fma_rn, lds_b32, lds_bf16_f32, lds_f32, ldsm_x4, ldsm_x4_t, mma_bf16_16816,
+from .k2_recurrence import (BSIG_BYTES, GT_BYTES, HEAD_ROW_BYTES, SQ_BYTES, STAGES, TILE_BYTES, init_ring, mma_warps,
+                            produce_tiles, v_stride)
+from .mma_ops import (fma_rn, lds_b32, lds_bf16_f32, lds_f32, ldsm_x4, ldsm_x4_t, mma_bf16_16816,
                       movmatrix_t, mul_rn, pack_bf16x2, round_bf16x2, select_b32, stg_f32_pair_from_bf16, sts_b32,
                       sub_rn, unpack_bf16x2)
 from .tile_ops import CHUNK, D
 
-STAGES = 3
 OFF_KD, OFF_KR = 0, TILE_BYTES
 OFF_GT = 2 * TILE_BYTES
 OFF_INV = OFF_GT + GT_BYTES
@@ -122,13 +122,7 @@ def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, 
     empty = bars + STAGES
     buf_addr = buf.toint()
 
-    if warp == 0:
-        with cute.arch.elect_one():
-            for s in cutlass.range_constexpr(STAGES):
-                cute.arch.mbarrier_init(full + s, 1)
-                cute.arch.mbarrier_init(empty + s, MMA_WARPS)
-            cute.arch.mbarrier_init_fence()
-    cute.arch.barrier()
+    init_ring(warp, full, empty, MMA_WARPS)
 
     j = _ldg_s32(scan_ptr + Int64(x) * 4)
     tok0 = _ldg_s32(start_ptr + Int64(j) * 4)
@@ -140,28 +134,11 @@ def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, 
 
     if warp == LOAD_WARP:
         # ---------------------------------------------------------------- producer
-        slot0 = h64 * Int64(cap) + Int64(tile0)
-        col_bytes = Int64(vblk * (VB * 2))
-        for i in cutlass.range(ntiles, unroll=1):
-            s = i % STAGES
-            cute.arch.mbarrier_wait(empty + s, ((i // STAGES) & 1) ^ 1)
-            start = tok0 + i * CHUNK
-            m = cutlass.min(tok_end - start, CHUNK)
-            slot = slot0 + Int64(i)
-            sb = buf_addr + s * SB
-            fb = (full + s).toint()
-            with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive_and_expect_tx(full + s, FIXED_TX + m * (VB * 2))
-                bulk_g2s(sb + OFF_KD, kd_ptr + slot * TILE_BYTES, TILE_BYTES, fb)
-                bulk_g2s(sb + OFF_KR, kr_ptr + slot * TILE_BYTES, TILE_BYTES, fb)
-            with cute.arch.elect_one():
-                bulk_g2s(sb + OFF_GT, gt_ptr + slot * GT_BYTES, GT_BYTES, fb)
-                bulk_g2s(sb + OFF_INV, inv_ptr + slot * SQ_BYTES, SQ_BYTES, fb)
-                bulk_g2s(sb + OFF_BSIG, bsig_ptr + slot * BSIG_BYTES, BSIG_BYTES, fb)
-            with cute.arch.elect_one():
-                vrow = v_ptr + (Int64(start) * H64 + h64) * HEAD_ROW_BYTES + col_bytes
-                for r in cutlass.range(m, unroll=1):
-                    bulk_g2s(sb + OFF_V + r * VSTR, vrow + Int64(r) * H64 * HEAD_ROW_BYTES, VB * 2, fb)
+        produce_tiles(full, empty, buf_addr, ntiles, tok0, tok_end, h64 * Int64(cap) + Int64(tile0),
+                      v_ptr + h64 * HEAD_ROW_BYTES + Int64(vblk * (VB * 2)), H64 * HEAD_ROW_BYTES,
+                      ((OFF_KD, kd_ptr), (OFF_KR, kr_ptr)),
+                      ((OFF_GT, gt_ptr, GT_BYTES), (OFF_INV, inv_ptr, SQ_BYTES), (OFF_BSIG, bsig_ptr, BSIG_BYTES)),
+                      SB, OFF_V, VSTR, FIXED_TX, VB * 2)
     else:
         # ---------------------------------------------------------------- MMA warps
         w = warp

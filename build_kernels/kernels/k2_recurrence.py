@@ -87,6 +87,51 @@ def stage_bytes(vb: int) -> int:
     return (OFF_V + CHUNK * v_stride(vb) + 127) // 128 * 128
 
 
+@cute.jit
+def init_ring(warp: Int32, full: cute.Pointer, empty: cute.Pointer, consumers: cutlass.Constexpr[int]):
+    """The stage ring's barriers (full: 1 arrival + tx bytes, empty: one per MMA warp), then a CTA sync."""
+    if warp == 0:
+        with cute.arch.elect_one():
+            for s in cutlass.range_constexpr(STAGES):
+                cute.arch.mbarrier_init(full + s, 1)
+                cute.arch.mbarrier_init(empty + s, consumers)
+            cute.arch.mbarrier_init_fence()
+    cute.arch.barrier()
+
+
+@cute.jit
+def produce_tiles(full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, ntiles: Int32, tok0: Int32,
+                  tok_end: Int32, slot0: Int64, v_row0: Int64, row_step: Int64, images: tuple, smalls: tuple,
+                  stage: cutlass.Constexpr[int], off_v: cutlass.Constexpr[int], vstr: cutlass.Constexpr[int],
+                  fixed_tx: cutlass.Constexpr[int], v_bytes: cutlass.Constexpr[int]):
+    """The producer warp of K2 and pre_scan: per tile, wait for the stage to be free, arm it with the
+    exact bytes of its copies, and issue them (three elected regions: arm + raw images, the small
+    per-tile tensors, the m valid v rows).
+
+    images: ((smem offset, global base), ...) of 4 KiB raw tile images; smalls: ((smem offset,
+    global base, bytes), ...) of per-slot tensors; v rows start at v_row0 + token * row_step.
+    """
+    for i in cutlass.range(ntiles, unroll=1):
+        s = i % STAGES
+        cute.arch.mbarrier_wait(empty + s, ((i // STAGES) & 1) ^ 1)
+        start = tok0 + i * CHUNK
+        m = cutlass.min(tok_end - start, CHUNK)
+        slot = slot0 + Int64(i)
+        sb = buf_addr + s * stage
+        fb = (full + s).toint()
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(full + s, fixed_tx + m * v_bytes)
+            for off, base in images:
+                bulk_g2s(sb + off, base + slot * TILE_BYTES, TILE_BYTES, fb)
+        with cute.arch.elect_one():
+            for off, base, nbytes in smalls:
+                bulk_g2s(sb + off, base + slot * nbytes, nbytes, fb)
+        with cute.arch.elect_one():
+            vrow = v_row0 + Int64(start) * row_step
+            for r in cutlass.range(m, unroll=1):
+                bulk_g2s(sb + off_v + r * vstr, vrow + Int64(r) * row_step, v_bytes, fb)
+
+
 @cute.kernel
 def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64,
                inv_ptr: Int64, mqk_ptr: Int64, bsig_ptr: Int64, mStart: cute.Tensor, mPrefix: cute.Tensor,
@@ -113,13 +158,7 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
     empty = bars + STAGES
     buf_addr = buf.toint()
 
-    if warp == 0:
-        with cute.arch.elect_one():
-            for s in cutlass.range_constexpr(STAGES):
-                cute.arch.mbarrier_init(full + s, 1)
-                cute.arch.mbarrier_init(empty + s, MMA_WARPS)
-            cute.arch.mbarrier_init_fence()
-    cute.arch.barrier()
+    init_ring(warp, full, empty, MMA_WARPS)
 
     tok0 = mStart[n]
     tok_end = mStart[n + 1]
@@ -130,32 +169,12 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
 
     if warp == LOAD_WARP:
         # ---------------------------------------------------------------- producer
-        slot0 = h64 * Int64(cap) + Int64(tile0)
-        col_bytes = Int64(vblk * (VB * 2))
-        for i in cutlass.range(ntiles, unroll=1):
-            s = i % STAGES
-            cute.arch.mbarrier_wait(empty + s, ((i // STAGES) & 1) ^ 1)
-            start = tok0 + i * CHUNK
-            m = cutlass.min(tok_end - start, CHUNK)
-            slot = slot0 + Int64(i)
-            sb = buf_addr + s * SB
-            fb = (full + s).toint()
-            # Three elected regions (arm + raw images, small tensors, v rows): any lane may be elected in
-            # each; the barrier is armed before the first copy is issued either way.
-            with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive_and_expect_tx(full + s, FIXED_TX + m * (VB * 2))
-                bulk_g2s(sb + OFF_QD, qd_ptr + slot * TILE_BYTES, TILE_BYTES, fb)
-                bulk_g2s(sb + OFF_KD, kd_ptr + slot * TILE_BYTES, TILE_BYTES, fb)
-                bulk_g2s(sb + OFF_KR, kr_ptr + slot * TILE_BYTES, TILE_BYTES, fb)
-            with cute.arch.elect_one():
-                bulk_g2s(sb + OFF_GT, gt_ptr + slot * GT_BYTES, GT_BYTES, fb)
-                bulk_g2s(sb + OFF_INV, inv_ptr + slot * SQ_BYTES, SQ_BYTES, fb)
-                bulk_g2s(sb + OFF_MQK, mqk_ptr + slot * SQ_BYTES, SQ_BYTES, fb)
-                bulk_g2s(sb + OFF_BSIG, bsig_ptr + slot * BSIG_BYTES, BSIG_BYTES, fb)
-            with cute.arch.elect_one():
-                vrow = v_ptr + (Int64(start) * H64 + h64) * HEAD_ROW_BYTES + col_bytes
-                for r in cutlass.range(m, unroll=1):
-                    bulk_g2s(sb + OFF_V + r * VSTR, vrow + Int64(r) * H64 * HEAD_ROW_BYTES, VB * 2, fb)
+        produce_tiles(full, empty, buf_addr, ntiles, tok0, tok_end, h64 * Int64(cap) + Int64(tile0),
+                      v_ptr + h64 * HEAD_ROW_BYTES + Int64(vblk * (VB * 2)), H64 * HEAD_ROW_BYTES,
+                      ((OFF_QD, qd_ptr), (OFF_KD, kd_ptr), (OFF_KR, kr_ptr)),
+                      ((OFF_GT, gt_ptr, GT_BYTES), (OFF_INV, inv_ptr, SQ_BYTES), (OFF_MQK, mqk_ptr, SQ_BYTES),
+                       (OFF_BSIG, bsig_ptr, BSIG_BYTES)),
+                      SB, OFF_V, VSTR, FIXED_TX, VB * 2)
     else:
         # ---------------------------------------------------------------- MMA warps
         w = warp
