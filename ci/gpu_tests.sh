@@ -12,6 +12,11 @@ shift || true
 [ -f "$WHEEL" ] || { echo "no wheel given or found in dist/ (build one with: pip wheel . -w dist)"; exit 2; }
 SITE=$(mktemp -d)
 python3 -m pip install -q --no-deps --no-index --target "$SITE" "$WHEEL" || exit 2
+# Optional peers carried as wheels in .whl/ (e.g. flash-linear-attention and fla-core, pure Python):
+# the tests and the benchmark compare against them when importable.
+if compgen -G "$REPO/.whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-deps --no-index --target "$SITE" "$REPO"/.whl/*.whl || exit 2
+fi
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 cd /tmp  # never import the source tree's kda_aot
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"

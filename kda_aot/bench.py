@@ -90,15 +90,15 @@ def fla_runner(x, cu, H):
         return None
     import torch
 
-    h0 = x["initial_state"].float()
+    h0 = x["initial_state"].float()  # FLA keeps an fp32 state
     dt = x["dt_bias"].reshape(-1)
-    beta = torch.sigmoid(x["beta"].float()).to(torch.bfloat16)
+    cu64 = cu.long()
 
     def run():
-        return chunk_kda(q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=beta, A_log=x["A_log"], dt_bias=dt,
+        return chunk_kda(q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"], A_log=x["A_log"], dt_bias=dt,
                          initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
-                         use_gate_in_kernel=True, safe_gate=True, lower_bound=-5.0, cu_seqlens=cu.long(),
-                         transpose_state_layout=True)
+                         use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, safe_gate=True,
+                         lower_bound=-5.0, cu_seqlens=cu64, state_v_first=True)
     try:
         run()
     except Exception as exc:  # an FLA version with other argument names
