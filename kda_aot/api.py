@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import warnings
 from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
@@ -118,6 +119,9 @@ def _plan(problem, lengths, sms: int, stream: int, lib) -> Optional[cp_plan.CPPl
         return None
     if lengths is None:  # a packed batch captured into a CUDA graph without seq_lens
         if problem.cp == "auto":
+            warnings.warn("kda_aot.prefill: cp='auto' runs serial here: cu_seqlens cannot be read back during "
+                          "CUDA graph capture, so there are no host lengths to plan with; pass seq_lens= to "
+                          "let the planner split long sequences", RuntimeWarning, stacklevel=3)
             return None
         raise ValueError(f"cp: {problem.cp!r} needs the sequence lengths on the host, and cu_seqlens cannot be "
                          "read back during CUDA graph capture; pass seq_lens=")
