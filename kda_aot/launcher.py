@@ -115,16 +115,6 @@ def serial_available(lib: KernelLibrary) -> bool:
     return lib.has("k1_prepare") and any(k.entry == "k2_recurrence" for k in lib.kernels.values())
 
 
-def memory_floor_bytes(problem: Problem) -> int:
-    """Bytes prefill must move at least: q, k, v, g, out (bf16), beta, gate params and states."""
-    tokens = problem.B * problem.T
-    per_token = problem.H * (5 * 128 * 2 + 2)
-    state_bytes = problem.N * problem.H * 128 * 128 * (4 if problem.state_dtype == "float32" else 2)
-    states = state_bytes * (int(problem.has_initial) + int(problem.has_final))
-    return tokens * per_token + states + problem.H * 129 * 4
-
-
-
 # ---------------------------------------------------------------------------------------------
 # Intracard context parallelism (spec 4): K1 once -> pre_scan -> merge -> segmented K2 -> gather.
 

@@ -43,3 +43,11 @@ def test_runtime_imports_without_torch_or_dsl():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_unhashable_argument_reaches_the_wall_not_the_cache():
+    """An unhashable cp cannot key the validation cache: it must still get the wall's own error
+    (here the first one, q on the CPU), never a bare 'unhashable type'."""
+    x = _inputs()
+    with pytest.raises(TypeError, match=r"^q: "):
+        kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"], cp=[2])
