@@ -88,7 +88,6 @@ def fla_runner(x, cu, H):
         from fla.ops.kda import chunk_kda
     except Exception:
         return None
-    import torch
 
     h0 = x["initial_state"].float()  # FLA keeps an fp32 state
     dt = x["dt_bias"].reshape(-1)
@@ -166,8 +165,6 @@ def main(argv=None) -> int:
 
 def sweep_cp(args) -> int:
     """Median ms of forced CP plans (segments per sequence x K2 value split) on the CP suite."""
-    import torch
-
     import kda_aot
 
     segments, splits = (8, 16, 32, 64), (1, 2, 4)

@@ -5,7 +5,6 @@ every non-tensor bulk copy is issued under an elect.sync (an un-elected global->
 deadlocks on DSL 4.8.x), nothing spills to local memory, and the intended instructions are there.
 """
 
-import os
 import re
 import sys
 from pathlib import Path

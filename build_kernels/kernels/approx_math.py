@@ -9,7 +9,7 @@ tanh.approx.f32 and rsqrt.approx.ftz.f32 bit for bit, from the same helpers the 
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Int32
 
 from .tile_ops import ex2_approx_ftz, rsqrt_approx_ftz, tanh_approx
 

@@ -28,7 +28,6 @@ def raw_tile_layout():
 # across a barrier or sinks them into a lane-divergent branch; pure arithmetic is left free.
 # ---------------------------------------------------------------------------------------------
 
-import cutlass  # noqa: E402
 from cutlass import Float32, Int32, Uint32  # noqa: E402
 from cutlass._mlir.dialects import llvm  # noqa: E402
 from cutlass.cute.nvgpu import cpasync  # noqa: E402
