@@ -186,6 +186,33 @@ def balanced_counts(seq_tiles: Sequence[int], num_heads: int, sm_count: int) -> 
     return counts, P, target
 
 
+def fit_to_slots(seq_tiles: Sequence[int], counts: Sequence[int], P: int) -> List[int]:
+    """Fewer, slightly longer segments when split_balanced makes more than the P that run at once.
+
+    Deviation from spec 4.1, settled by measurement (docs/cp_tuning.md): for H=8 [8192, 2048]
+    split_balanced gives 13 + 4 = 17 segments for P = 16 slots, so 8 x 17 = 136 K2 CTAs share
+    132 SMs and the call takes 0.244 ms. Here the split sequences get the smallest segment length L
+    whose counts ceil(tiles / L) fit the slots left by the unsplit sequences; no count grows. When
+    even one segment per split sequence does not fit, the balanced counts stay.
+    """
+    counts = list(counts)
+    split = [i for i, c in enumerate(counts) if c > 1]
+    free = P - (len(counts) - len(split))
+    if sum(counts) <= P or free < len(split):
+        return counts
+    lo, hi = 1, max(seq_tiles[i] for i in split)  # hi: one segment each, which fits; the count
+    # sum only falls as L grows, so the smallest L that fits is found by bisection
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if sum(min(counts[i], _ceil_div(seq_tiles[i], mid)) for i in split) <= free:
+            hi = mid
+        else:
+            lo = mid + 1
+    for i in split:
+        counts[i] = min(counts[i], _ceil_div(seq_tiles[i], lo))
+    return counts
+
+
 def manual_counts(seq_tiles: Sequence[int], segments: int) -> List[int]:
     """plan_manual: up to `segments` parts per sequence, each at least MIN_SEG_TILES tiles."""
     return [max(1, min(segments, t // MIN_SEG_TILES)) for t in seq_tiles]
@@ -242,6 +269,7 @@ def plan_prefill(seq_lens, num_heads, sm_count=None, mode: CpMode = "auto") -> C
 
     if mode in ("auto", "on"):
         counts, P, target = balanced_counts(tiles, H, sms)
+        counts = fit_to_slots(tiles, counts, P)
         head = f"P={P} ({sm_note} // H={H}), target={target} tiles"
     else:
         counts = manual_counts(tiles, mode)

@@ -71,7 +71,7 @@ WORKED = [
     (4, [8192, 2048], [16, 4], 32, 33, 32, 512, 96, True),
     (4, [16384], [32], 32, 33, 32, 1024, 96, True),
     (8, [8192], [16], 32, 16, 32, 512, 96, True),
-    (8, [8192, 2048], [13, 4], 40, 16, 40, 512, 120, True),
+    (8, [8192, 2048], [12, 3], 43, 16, 40, 512, 129, True),  # spec: 13 + 4 (see fit_to_slots)
     (8, [16384], [16], 64, 16, 64, 1024, 192, True),
     (8, [14336] + [128] * 16, [14] + [1] * 16, 64, 16, 64, 896, 192, True),
     (64, [8192], [2], 256, 2, 256, 512, 768, False),
@@ -97,6 +97,32 @@ def test_spec_worked_examples(H, lens, n_segs, max_seg, P, target, serial_wall, 
         forced = plan_prefill(lens, H, sm_count=132, mode="on")
         check_invariants(forced, lens)
         assert [c for _, c in forced.per_seq] == n_segs and forced.max_segment_tiles == max_seg
+
+
+def test_spec_split_balanced_before_the_slot_fit():
+    # spec 4.1's own row for H=8 [8192, 2048]: 13 + 4 segments, 17 > P = 16
+    counts, P, target = cp_plan.balanced_counts([512, 128], 8, 132)
+    assert (counts, P, target) == ([13, 4], 16, 40)
+    assert cp_plan.fit_to_slots([512, 128], counts, P) == [12, 3]
+
+
+def test_fit_to_slots_properties():
+    rng = random.Random(7)
+    for _ in range(3000):
+        tiles = [rng.choice([0, 1, rng.randrange(1, 200), rng.randrange(64, 5000)]) for _ in range(rng.randrange(1, 9))]
+        P = rng.randrange(1, 70)
+        counts = [max(1, min(rng.randrange(1, 40), t // 32)) for t in tiles]
+        fitted = cp_plan.fit_to_slots(tiles, counts, P)
+        assert all(1 <= f <= c for f, c in zip(fitted, counts))  # never grows, never drops a sequence
+        n_split = sum(c > 1 for c in counts)
+        if sum(counts) <= P or P - (len(counts) - n_split) < n_split:
+            assert fitted == counts
+        else:
+            assert sum(fitted) <= P
+            # the reduced sequences share the smallest segment length that fits: one tile less would not
+            L = max(_ceil_div(t, f) for t, f, c in zip(tiles, fitted, counts) if f < c)
+            if L > 1:
+                assert sum(min(c, _ceil_div(t, L - 1)) if c > 1 else 1 for t, c in zip(tiles, counts)) > P
 
 
 @pytest.mark.parametrize("lens", [[8192], [65536], [8192, 2048], [14336] + [128] * 16, [100, 0, 5000]])
