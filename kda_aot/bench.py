@@ -114,6 +114,7 @@ def main(argv=None) -> int:
     parser.add_argument("--value-split", type=int, nargs="*", default=None,
                         help="also time these forced K2 value splits (1, 2, 4)")
     parser.add_argument("--md", help="write the table as markdown to this file")
+    parser.add_argument("--no-fla", action="store_true", help="skip FLA even when it is importable (Triton autotuning is slow)")
     parser.add_argument("--sweep-cp", action="store_true",
                         help="time forced CP segment counts x value splits on the CP suite (planner tuning)")
     args = parser.parse_args(argv)
@@ -145,7 +146,7 @@ def main(argv=None) -> int:
         plan = kda_aot.plan_prefill(lens, H, sm_count=torch.cuda.get_device_properties(0).multi_processor_count)
         plan_text = "serial" if plan.trivial else f"{plan.n_segments} segments (max {plan.max_segment_tiles} tiles)"
         split_ms = [time_ms(lambda s=s: call(s), args.iters, args.warmup) for s in splits]
-        fla = fla_runner(x, cu, H)
+        fla = None if args.no_fla else fla_runner(x, cu, H)
         fla_ms = time_ms(fla, args.iters, args.warmup) if fla else None
         key = shape_key(lens)
         row = [H, key, floor_bytes(H, lens) / bw * 1e3, ms, auto_ms, plan_text, *split_ms, fla_ms,

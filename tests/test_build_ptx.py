@@ -82,3 +82,17 @@ def test_kernels_use_tensor_cores_and_fast_math(ptx_of):
         assert "mma.sync.aligned.m16n8k16" in ptx_of(by_entry["k2_recurrence"])
     if not ({"k1_prepare", "k2_recurrence"} & set(by_entry)):
         pytest.skip("no K1/K2 kernels in the registry yet")
+
+
+@pytest.mark.parametrize("variant", [v for v in _representatives() if not v.entry.startswith("approx")],
+                         ids=lambda v: v.name)
+def test_prefill_kernels_wait_for_the_previous_grid_first(ptx_of, variant):
+    """Launched with programmatic dependent launch, a kernel may start while its predecessor runs:
+    griddepcontrol.wait must come before the first global memory access (kernel_abi.md)."""
+    ptx = ptx_of(variant)
+    body = ptx[ptx.index(".entry"):]
+    wait = body.find("griddepcontrol.wait")
+    assert wait >= 0, f"{variant.name}: no griddepcontrol.wait"
+    accesses = [m.start() for m in re.finditer(r"\b(?:ld|st|atom|red)(?:\.\w+)*\.global\b|cp\.async\S*global", body)]
+    assert not accesses or wait < min(accesses), f"{variant.name}: global access before griddepcontrol.wait"
+    assert "griddepcontrol.launch_dependents" in body

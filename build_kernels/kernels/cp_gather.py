@@ -11,7 +11,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64
 
-from .tile_ops import D
+from .tile_ops import D, await_previous_grid
 
 THREADS = 256
 VEC = 4  # fp32 elements per vector load
@@ -23,6 +23,7 @@ def _gather_kernel(mSeg: cute.Tensor, mFinal: cute.Tensor, mLast: cute.Tensor, n
                    out_bf16: cutlass.Constexpr[bool]):
     bidx, _, _ = cute.arch.block_idx()
     tidx, _, _ = cute.arch.thread_idx()
+    await_previous_grid()
     n = bidx // n_heads
     h = bidx - n * n_heads
     src = (Int64(mLast[n]) * Int64(n_heads) + Int64(h)) * Int64(D * D // VEC)
@@ -50,4 +51,4 @@ def cp_gather_final(seg_final: cute.Pointer, final_state: cute.Pointer, last_seg
     mFinal = cute.make_tensor(final_state, vec_rows(n_seq))
     mLast = cute.make_tensor(last_seg, cute.make_layout(n_seq))
     _gather_kernel(mSeg, mFinal, mLast, n_heads, out_bf16).launch(
-        grid=(n_seq * n_heads, 1, 1), block=(THREADS, 1, 1), stream=stream)
+        grid=(n_seq * n_heads, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True)

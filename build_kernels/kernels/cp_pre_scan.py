@@ -66,7 +66,7 @@ from .k2_recurrence import (BSIG_BYTES, GT_BYTES, HEAD_ROW_BYTES, SQ_BYTES, STAG
 from .mma_ops import (fma_rn, lds_b32, lds_bf16_f32, lds_f32, ldsm_x4, ldsm_x4_t, mma_bf16_16816,
                       movmatrix_t, mul_rn, pack_bf16x2, round_bf16x2, select_b32, stg_f32_pair_from_bf16, sts_b32,
                       sub_rn, unpack_bf16x2)
-from .tile_ops import CHUNK, D
+from .tile_ops import CHUNK, D, await_previous_grid
 
 OFF_KD, OFF_KR = 0, TILE_BYTES
 OFF_GT = 2 * TILE_BYTES
@@ -110,6 +110,7 @@ def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, 
     SB = stage_bytes(VB)
 
     x, h, vblk = cute.arch.block_idx()
+    await_previous_grid()
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
     lane = cute.arch.lane_idx()
 
@@ -307,4 +308,4 @@ def cp_pre_scan(v: cute.Pointer, ws_kd: cute.Pointer, ws_kr: cute.Pointer, ws_gt
     _pre_scan_kernel(v.toint(), ws_kd.toint(), ws_kr.toint(), ws_gt.toint(), ws_inv.toint(), ws_bsig.toint(),
                      seq_start.toint(), tile_prefix.toint(), scan_seg.toint(), b_seg.toint(), m_seg.toint(),
                      n_heads, cap, value_block).launch(
-        grid=(n_scan, n_heads, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream)
+        grid=(n_scan, n_heads, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream, use_pdl=True)

@@ -49,7 +49,7 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64, Uint8, Uint32
 
 from .tile_ops import (
-    CHUNK, D, LOG2E, add_f16x2, bf16x2_to_f32x2, bulk_g2s, bulk_s2g_elected, ex2_approx_ftz, f16x2_to_f32x2,
+    CHUNK, D, LOG2E, add_f16x2, await_previous_grid, bf16x2_to_f32x2, bulk_g2s, bulk_s2g_elected, ex2_approx_ftz, f16x2_to_f32x2,
     f32x2_to_bf16x2, f32x2_to_f16x2, fadd_rn, ffma_rn, fmul_rn, ld_shared_v4, ldmatrix_x4, mma_m16n8k16_bf16_f32,
     mma_m16n8k16_f16_f16, movmatrix_trans, mul_f16x2, raw_tile_layout, round_bf16, rsqrt_approx_ftz, sigmoid_tanh,
     st_shared_v4, sub_f16x2,
@@ -98,6 +98,7 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
                scale: Float32, gate_c: Float32):
     tidx, _, _ = cute.arch.thread_idx()
     tile, head, _ = cute.arch.block_idx()
+    await_previous_grid()
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
     lane = cute.arch.lane_idx()
 
@@ -378,4 +379,4 @@ def k1_prepare(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
     every row read lies inside [seq_start[n], seq_start[n+1])."""
     _k1_kernel(q, k, g, beta, a_log, dt_bias, seq_start, tile_prefix, ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk,
                ws_bsig, n_seq, n_heads, cap, scale, gate_c).launch(
-        grid=(cap, n_heads, 1), block=(THREADS, 1, 1), stream=stream)
+        grid=(cap, n_heads, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True)

@@ -53,7 +53,7 @@ from cutlass import Int32, Int64, Float32
 from .mma_ops import (add_rn, bulk_g2s, fma_rn, ldg_bf16_pair, ldg_f32_pair_bf16, lds_b32, lds_bf16_f32, lds_f32,
                       ldsm_x4, ldsm_x4_t, mma_bf16_16816, movmatrix_t, mul_rn, pack_bf16x2, round_bf16x2,
                       select_b32, stg_b32_if, stg_bf16_pair, stg_f32_pair_from_bf16, sts_b32, sub_rn, unpack_bf16x2)
-from .tile_ops import CHUNK, D
+from .tile_ops import CHUNK, D, await_previous_grid
 
 STAGES = 3
 # Value columns per MMA warp, per value_block. Measured on an H200 (H=64, T=8192, us per 16-token tile):
@@ -147,6 +147,7 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
     SB = stage_bytes(VB)
 
     n, h, vblk = cute.arch.block_idx()
+    await_previous_grid()
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
     lane = cute.arch.lane_idx()
 
@@ -329,4 +330,4 @@ def k2_recurrence(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd
                ws_inv.toint(), ws_mqk.toint(), ws_bsig.toint(), cute.make_tensor(seq_start, table),
                cute.make_tensor(tile_prefix, table), initial_state.toint(), final_state.toint(), n_heads, cap,
                has_initial, has_final, state_fp32, value_block).launch(
-        grid=(n_seq, n_heads, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream)
+        grid=(n_seq, n_heads, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream, use_pdl=True)

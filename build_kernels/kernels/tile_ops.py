@@ -6,6 +6,20 @@ CHUNK = 16  # tokens per tile (spec 2.3); the 16x16 inverse and the gate range a
 D = 128  # head dimension, K = V = 128
 
 
+def await_previous_grid():
+    """Programmatic dependent launch (every kernel of a prefill is launched with use_pdl=True).
+
+    The launch and prologue of a kernel overlap the tail of the kernel before it in the stream;
+    griddepcontrol.wait then blocks until that kernel has completed and its memory is visible.
+    Every CTA calls this before its first global access and before any early exit, so each
+    kernel completes only after its predecessor did, and ordering stays transitive along the
+    chain. launch_dependents right after lets the next kernel's CTAs take free SMs early (they
+    wait in turn); it cannot delay this grid, whose CTAs are all resident by then.
+    """
+    cute.arch.griddepcontrol_wait()
+    cute.arch.griddepcontrol_launch_dependents()
+
+
 def raw_tile_layout():
     """(16, 128) -> element offset of the raw 4 KiB tile image (docs/kernel_abi.md, spec 4.8).
 

@@ -17,7 +17,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
-from .tile_ops import CHUNK
+from .tile_ops import CHUNK, await_previous_grid
 
 THREADS = 256
 WARPS = THREADS // 32
@@ -29,6 +29,7 @@ def _seq_tables_kernel(mCu: cute.Tensor, mStart: cute.Tensor, mPrefix: cute.Tens
     tidx, _, _ = cute.arch.thread_idx()
     lane = cute.arch.lane_idx()
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    await_previous_grid()
 
     smem = cutlass.memory.SmemAllocator()
     sWarpTotal = smem.allocate_tensor(Int32, cute.make_layout(WARPS), byte_alignment=16)
@@ -80,7 +81,7 @@ def seq_tables_varlen(cu_seqlens: cute.Pointer, seq_start: cute.Pointer, tile_pr
     table = cute.make_layout(n_seq + 1)
     _seq_tables_kernel(cute.make_tensor(cu_seqlens, table), cute.make_tensor(seq_start, table),
                        cute.make_tensor(tile_prefix, table), n_seq, Int32(0), False).launch(
-        grid=(1, 1, 1), block=(THREADS, 1, 1), stream=stream)
+        grid=(1, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True)
 
 
 @cute.jit
@@ -90,4 +91,4 @@ def seq_tables_dense(seq_start: cute.Pointer, tile_prefix: cute.Pointer, n_seq: 
     table = cute.make_layout(n_seq + 1)
     start = cute.make_tensor(seq_start, table)
     _seq_tables_kernel(start, start, cute.make_tensor(tile_prefix, table), n_seq, seq_len, True).launch(
-        grid=(1, 1, 1), block=(THREADS, 1, 1), stream=stream)
+        grid=(1, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True)

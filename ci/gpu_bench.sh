@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Benchmark and per-kernel profile of a built wheel on a GPU machine.
+#   bash ci/gpu_bench.sh [path/to/kda_aot-*.whl] [extra `python -m kda_aot.bench` args...]
+# Writes bench.md and profile.txt under $OUT; each step is time-bounded (a hang still leaves logs).
+set -uo pipefail
+source "$(dirname "$0")/gpu_env.sh"
+shift || true
+timeout --signal=KILL "${KDA_BENCH_TIMEOUT:-400}" python3 -m kda_aot.bench --md "$OUT/bench.md" "$@" 2>&1 | tee "$OUT/bench.log"
+status=${PIPESTATUS[0]}
+# Where the time of the CP shapes goes (device time per kernel).
+for shape in "4 8192" "4 8192 2048" "4 16384" "8 8192" "8 8192 2048" "8 16384"; do
+  set -- $shape
+  timeout --signal=KILL 120 python3 -m kda_aot.profile --heads "$1" --seq-lens "${@:2}" --cp auto --iters 30 2>&1
+done | tee "$OUT/profile.txt"
+exit "$status"
