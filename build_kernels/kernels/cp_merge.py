@@ -53,7 +53,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass.cutlass_dsl import T, dsl_user_op
-from .tile_ops import D, _asm, _ir  # the shared inline-PTX wrappers
+from .tile_ops import D, _asm, _ir, await_previous_grid  # the shared inline-PTX wrappers
 
 ROWS = 16  # carry rows (value rows) per CTA: one m16 tile
 THREADS = 128  # 4 MMA warps, each owning 32 output columns
@@ -211,8 +211,7 @@ def _cp_merge_kernel(m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int
     b_base = s_b.toint()
     c_base = s_c.toint()
 
-    cute.arch.griddepcontrol_wait()  # everything before (pre_scan's m_seg / b_seg) is complete and visible
-    cute.arch.griddepcontrol_launch_dependents()
+    await_previous_grid()  # pre_scan's m_seg / b_seg are complete and visible
     first = mFirst[n]
     count = mCount[n]
     nsteps = count - 1  # <= 0: no step
