@@ -7,7 +7,8 @@ source "$(dirname "$0")/gpu_env.sh"
 shift || true
 timeout --signal=KILL "${KDA_BENCH_TIMEOUT:-400}" python3 -m kda_aot.bench --md "$OUT/bench.md" "$@" 2>&1 | tee "$OUT/bench.log"
 status=${PIPESTATUS[0]}
-# Where the time of the CP shapes goes (device time per kernel).
+# Where the time of the CP shapes goes (device time per kernel); KDA_SKIP_PROFILE=1 skips it.
+[[ ${KDA_SKIP_PROFILE:-0} == 1 ]] && exit "$status"
 for shape in "4 8192" "4 8192 2048" "4 16384" "8 8192" "8 8192 2048" "8 16384"; do
   set -- $shape
   timeout --signal=KILL 120 python3 -m kda_aot.profile --heads "$1" --seq-lens "${@:2}" --cp auto --iters 30 2>&1
