@@ -21,6 +21,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[8192])
     parser.add_argument("--cp", default="auto")
     parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--cprofile", type=int, default=0, metavar="N",
+                        help="also print the N Python functions with the most host time (cProfile)")
     args = parser.parse_args(argv)
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -50,6 +52,8 @@ def main(argv=None) -> int:
         call()
     host_us = (time.perf_counter() - t0) / args.iters * 1e6
     torch.cuda.synchronize()
+    if args.cprofile:
+        _host_breakdown(call, args.iters, args.cprofile)
     gpu_ms = bench.time_ms(call, args.iters, 10)
     print(f"host {host_us:.1f} us/call, CUDA events {gpu_ms * 1e3:.1f} us/call")
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -65,6 +69,24 @@ def main(argv=None) -> int:
     for name, us in sorted(per_kernel.items(), key=lambda kv: -kv[1]):
         print(f"  {us / args.iters:8.1f} us  {name}")
     return 0
+
+
+def _host_breakdown(call, iters: int, top: int) -> None:
+    """cProfile of `iters` calls queued behind a sleep kernel (host time only)."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    torch.cuda._sleep(int(2e9))
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(iters):
+        call()
+    prof.disable()
+    torch.cuda.synchronize()
+    print(f"host time by function over {iters} calls (cProfile adds its own overhead):")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
 
 
 if __name__ == "__main__":
