@@ -131,8 +131,9 @@ def _cp_merge() -> List[Variant]:
                 ptr("initial_state", "float32" if state_fp32 else "bfloat16"), ptr("carries", "float32"),
                 ptr("seg_first", "int32", 4), ptr("seg_count", "int32", 4),
                 scalar("n_seq", "i32"), scalar("n_heads", "i32"), STREAM)
-        variants.append(Variant(f"cp_merge_{name}", "cp_merge", "cp_merge", args,
-                                constants=(("has_initial", has_initial), ("state_fp32", state_fp32))))
+        for ring in (2, 1):  # EXPERIMENT: ring depth
+            variants.append(Variant(f"cp_merge_{name}" + ("" if ring == 2 else f"_r{ring}"), "cp_merge", "cp_merge", args,
+                                    constants=(("has_initial", has_initial), ("state_fp32", state_fp32), ("ring", ring))))
     return variants
 
 

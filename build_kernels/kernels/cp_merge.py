@@ -60,8 +60,7 @@ THREADS = 128  # 4 MMA warps, each owning 32 output columns
 WARP_COLS = D // (THREADS // 32)
 KB = 32  # rows of M per pipeline stage (k-block)
 NKB = D // KB
-RING = 2  # whole M matrices (and B row blocks) the ring holds
-STAGES = NKB * RING
+RING = 2  # default: whole M matrices (and B row blocks) the ring holds (a compile-time constant)
 
 C_STRIDE = D + 4  # words per carry row in smem
 M_STRIDE = D + 8  # words per M / B row in smem
@@ -171,14 +170,14 @@ def _mat_base(s, h64, H64):
     return (Int64(s) * H64 + h64) * MAT
 
 
-def _issue(ctx, step, kb: int):
+def _issue(ctx, step, kb: int, ring: int):
     """cp.async of k-block kb of M[first + step] into its stage (+ the CTA's B rows when kb == 0).
 
     Each thread copies 16-byte chunks tidx + 128 j: row (chunk >> 5), column chunk (chunk & 31), so a warp
     reads one contiguous 512-byte row per instruction."""
     m_ptr, b_ptr, m_base, b_base, h64, H64, first, row0, cp_goff, cp_soff = ctx
     mb = _mat_base(first + step, h64, H64)
-    slot = step % RING
+    slot = step % ring
     stage = m_base + (slot * NKB + kb) * STAGE_BYTES
     gm = m_ptr + (mb + Int64(kb * KB * D) + cp_goff) * 4
     for j in range(KB * D // 4 // THREADS):
@@ -195,7 +194,9 @@ def _issue(ctx, step, kb: int):
 @cute.kernel
 def _cp_merge_kernel(m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int64, mFirst: cute.Tensor,
                      mCount: cute.Tensor, n_heads: Int32,
-                     has_initial: cutlass.Constexpr[bool], state_fp32: cutlass.Constexpr[bool]):
+                     has_initial: cutlass.Constexpr[bool], state_fp32: cutlass.Constexpr[bool],
+                     ring: cutlass.Constexpr[int]):
+    STAGES = NKB * ring
     rb, n, h = cute.arch.block_idx()
     tidx, _, _ = cute.arch.thread_idx()
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -205,7 +206,7 @@ def _cp_merge_kernel(m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int
 
     smem = cutlass.memory.SmemAllocator()
     s_m = smem.allocate(STAGES * STAGE_BYTES, byte_alignment=128)
-    s_b = smem.allocate(RING * B_BYTES, byte_alignment=128)
+    s_b = smem.allocate(ring * B_BYTES, byte_alignment=128)
     s_c = smem.allocate(2 * CARRY_BYTES, byte_alignment=128)
     m_base = s_m.toint()
     b_base = s_b.toint()
@@ -227,7 +228,7 @@ def _cp_merge_kernel(m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int
 
     for p in cutlass.range_constexpr(STAGES - 1):
         if p // NKB < nsteps:
-            _issue(ctx, p // NKB, p % NKB)
+            _issue(ctx, p // NKB, p % NKB, ring)
         cute.arch.cp_async_commit_group()
 
     # -------- carry[first] = widened initial state (or 0): global fp32 copy + tf32 A operand in smem
@@ -260,14 +261,14 @@ def _cp_merge_kernel(m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int
     for step in cutlass.range(nsteps, unroll=1):
         c_rd = c_base + (step & 1) * CARRY_BYTES
         c_wr = c_base + ((step + 1) & 1) * CARRY_BYTES
-        slot = step % RING
+        slot = step % ring
         acc = []
         for kb in cutlass.range_constexpr(NKB):
             cute.arch.cp_async_wait_group(STAGES - 2)
             cute.arch.barrier()
             ahead = kb + STAGES - 1
             if step + ahead // NKB < nsteps:
-                _issue(ctx, step + ahead // NKB, ahead % NKB)
+                _issue(ctx, step + ahead // NKB, ahead % NKB, ring)
             cute.arch.cp_async_commit_group()
 
             if cutlass.const_expr(kb == 0):
@@ -301,11 +302,12 @@ def _cp_merge_kernel(m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int
 @cute.jit
 def cp_merge(m_seg: cute.Pointer, b_seg: cute.Pointer, initial_state: cute.Pointer, carries: cute.Pointer,
              seg_first: cute.Pointer, seg_count: cute.Pointer, n_seq: Int32, n_heads: Int32,
-             stream: cuda.CUstream, has_initial: cutlass.Constexpr[bool], state_fp32: cutlass.Constexpr[bool]):
+             stream: cuda.CUstream, has_initial: cutlass.Constexpr[bool], state_fp32: cutlass.Constexpr[bool],
+             ring: cutlass.Constexpr[int] = RING):
     """m_seg, b_seg, carries fp32 [n_seg, H, 128, 128]; initial_state [n_seq, H, 128, 128] (V x K) in
     bf16 or fp32 (unused when has_initial=False); seg_first / seg_count int32 [n_seq]. n_seq >= 1."""
     table = cute.make_layout(n_seq)
     _cp_merge_kernel(m_seg.toint(), b_seg.toint(), initial_state.toint(), carries.toint(),
                      cute.make_tensor(seg_first, table), cute.make_tensor(seg_count, table), n_heads,
-                     has_initial, state_fp32).launch(
+                     has_initial, state_fp32, ring).launch(
         grid=(D // ROWS, n_seq, n_heads), block=(THREADS, 1, 1), stream=stream, use_pdl=True)

@@ -3,6 +3,7 @@
  * driver entry point the runtime hands out. NVIDIA ships the same forwards in an archive whose
  * licence forbids redistribution, so the wheel carries these instead. */
 #include "cuda_abi.h"
+#include <stdlib.h>
 
 #define KDA_HIDDEN __attribute__((visibility("hidden")))
 
@@ -26,7 +27,14 @@ KDA_HIDDEN cudaError_t _cudaLaunchKernelEx(const cudaLaunchConfig_t *config, con
 }
 
 KDA_HIDDEN cudaError_t _cudaLibraryGetKernel(cudaKernel_t *kernel, cudaLibrary_t library, const char *name) {
-  return cudaLibraryGetKernel(kernel, library, name);
+  cudaError_t err = cudaLibraryGetKernel(kernel, library, name);
+  const char *carve = getenv("KDA_EXP_CARVEOUT"); /* EXPERIMENT */
+  if (err == cudaSuccess && carve) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    cudaKernelSetAttributeForDevice(*kernel, 9 /* cudaFuncAttributePreferredSharedMemoryCarveout */, atoi(carve), dev);
+  }
+  return err;
 }
 
 KDA_HIDDEN cudaError_t _cudaLibraryLoadData(cudaLibrary_t *library, const void *code, int *jit_options,
