@@ -116,6 +116,20 @@ def _k2() -> List[Variant]:
     return variants
 
 
+def _k2_segments() -> List[Variant]:
+    """Segmented K2 of a CP call: fp32 carries in, each sequence's last segment writes final_state
+    (bf16 or fp32) at final_slot[segment]. A CP call without a final state uses k2_in_f32_*."""
+    variants = []
+    for name, dtype in (("bf16", "bfloat16"), ("f32", "float32")):
+        for vb in VALUE_BLOCKS:
+            args = (ptr("v", "bfloat16"), ptr("out", "bfloat16")) + WORKSPACE_ARGS + SEQ_ARGS + (
+                    ptr("carries", "float32"), ptr("final_state", dtype), ptr("final_slot", "int32", 4)) + SIZE_ARGS + (
+                    STREAM,)
+            variants.append(Variant(f"k2_segments_{name}_vb{vb}", "k2_recurrence", "k2_segments", args,
+                                    constants=(("final_fp32", dtype == "float32"), ("value_block", vb))))
+    return variants
+
+
 def _approx() -> List[Variant]:
     """Test-only: the PTX approximations of spec 2.4 for the GPU reference (x in, y out, n elements)."""
     args = (ptr("x", "float32", 4), ptr("y", "float32", 4), scalar("n", "i32"), STREAM)
@@ -131,19 +145,9 @@ def _cp_merge() -> List[Variant]:
                 ptr("initial_state", "float32" if state_fp32 else "bfloat16"), ptr("carries", "float32"),
                 ptr("seg_first", "int32", 4), ptr("seg_count", "int32", 4),
                 scalar("n_seq", "i32"), scalar("n_heads", "i32"), STREAM)
-        for ring in (2, 1):  # EXPERIMENT: ring depth
-            variants.append(Variant(f"cp_merge_{name}" + ("" if ring == 2 else f"_r{ring}"), "cp_merge", "cp_merge", args,
-                                    constants=(("has_initial", has_initial), ("state_fp32", state_fp32), ("ring", ring))))
+        variants.append(Variant(f"cp_merge_{name}", "cp_merge", "cp_merge", args,
+                                constants=(("has_initial", has_initial), ("state_fp32", state_fp32))))
     return variants
-
-
-def _cp_gather() -> List[Variant]:
-    """CP final states: the last segment's fp32 exit state of each sequence, in the caller's dtype."""
-    return [Variant(f"cp_gather_final_{name}", "cp_gather", "cp_gather_final",
-                    (ptr("seg_final", "float32"), ptr("final_state", dtype), ptr("last_seg", "int32", 4),
-                     scalar("n_seg", "i32"), scalar("n_seq", "i32"), scalar("n_heads", "i32"), STREAM),
-                    constants=(("out_bf16", dtype == "bfloat16"),))
-            for name, dtype in (("bf16", "bfloat16"), ("f32", "float32"))]
 
 
 def _cp_pre_scan() -> List[Variant]:
@@ -157,9 +161,9 @@ def _cp_pre_scan() -> List[Variant]:
 
 
 # Kernels are added to this list as they land; the build compiles exactly these.
-FAMILIES = {"seq_tables": _seq_tables, "k1": _k1, "k2": _k2, "approx": _approx, "cp_merge": _cp_merge, "cp_gather": _cp_gather,
-            "cp_pre_scan": _cp_pre_scan}
-ENABLED = ("seq_tables", "k1", "k2", "approx", "cp_merge", "cp_gather", "cp_pre_scan")
+FAMILIES = {"seq_tables": _seq_tables, "k1": _k1, "k2": _k2, "approx": _approx, "cp_merge": _cp_merge,
+            "k2_segments": _k2_segments, "cp_pre_scan": _cp_pre_scan}
+ENABLED = ("seq_tables", "k1", "k2", "approx", "cp_merge", "k2_segments", "cp_pre_scan")
 
 
 def all_variants() -> List[Variant]:

@@ -191,20 +191,29 @@ def fit_to_slots(seq_tiles: Sequence[int], counts: Sequence[int], P: int) -> Lis
 
     Deviation from spec 4.1, settled by measurement (docs/cp_tuning.md): for H=8 [8192, 2048]
     split_balanced gives 13 + 4 = 17 segments for P = 16 slots, so 8 x 17 = 136 K2 CTAs share
-    132 SMs and the call takes 0.244 ms. Here the split sequences get the smallest segment length L
-    whose counts ceil(tiles / L) fit the slots left by the unsplit sequences; no count grows. When
-    even one segment per split sequence does not fit, the balanced counts stay.
+    132 SMs and the call took 0.244 ms; 12 + 3 segments of at most 43 tiles take 0.213 ms.
+
+    Slots needed for a segment length L: ceil(tiles / L) per split sequence (never more than its
+    balanced count), plus ceil(U / L) for the unsplit sequences of U tiles in all, which can run
+    one after another in a slot. Returns the counts for the smallest L that fits, or the balanced
+    counts when they fit already or when nothing does.
     """
     counts = list(counts)
     split = [i for i, c in enumerate(counts) if c > 1]
-    free = P - (len(counts) - len(split))
-    if sum(counts) <= P or free < len(split):
+    if not split or sum(counts) <= P:
         return counts
-    lo, hi = 1, max(seq_tiles[i] for i in split)  # hi: one segment each, which fits; the count
-    # sum only falls as L grows, so the smallest L that fits is found by bisection
-    while lo < hi:
+    unsplit = sum(t for t, c in zip(seq_tiles, counts) if c == 1)
+
+    def slots(L: int) -> int:
+        return sum(min(counts[i], _ceil_div(seq_tiles[i], L)) for i in split) + _ceil_div(unsplit, L)
+
+    lo = max(_ceil_div(seq_tiles[i], counts[i]) for i in split)  # the balanced segment length
+    hi = max(seq_tiles[i] for i in split)  # one segment per split sequence
+    if slots(lo) <= P or slots(hi) > P:
+        return counts
+    while lo < hi:  # slots(L) only falls as L grows: bisect for the smallest L that fits
         mid = (lo + hi) // 2
-        if sum(min(counts[i], _ceil_div(seq_tiles[i], mid)) for i in split) <= free:
+        if slots(mid) <= P:
             hi = mid
         else:
             lo = mid + 1
@@ -321,6 +330,14 @@ def segment_tables(plan: CPPlan) -> Tuple[List[int], List[int]]:
 def last_segments(plan: CPPlan) -> List[int]:
     """Segment holding each sequence's final state (gather final_state[n] from it)."""
     return [first + n - 1 for first, n in plan.per_seq]
+
+
+def final_slots(plan: CPPlan) -> List[int]:
+    """Per segment, the sequence whose final state it writes (its last segment), or -1."""
+    slots = [-1] * plan.n_segments
+    for n, seg in enumerate(last_segments(plan)):
+        slots[seg] = n
+    return slots
 
 
 def non_last_segments(plan: CPPlan, longest_first: bool = False) -> List[int]:

@@ -116,7 +116,8 @@ def serial_available(lib: KernelLibrary) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# Intracard context parallelism (spec 4): K1 once -> pre_scan -> merge -> segmented K2 -> gather.
+# Intracard context parallelism (spec 4): K1 once -> pre_scan -> merge -> segmented K2, whose last
+# segments write the final states.
 
 STATE_BYTES = 128 * 128 * 4  # one fp32 [V, K] state
 
@@ -124,7 +125,7 @@ STATE_BYTES = 128 * 128 * 4  # one fp32 [V, K] state
 @functools.lru_cache(maxsize=None)
 def cp_available(lib: KernelLibrary) -> bool:
     return all(any(k.entry == e for k in lib.kernels.values())
-               for e in ("cp_pre_scan", "cp_merge", "cp_gather_final", "k2_recurrence"))
+               for e in ("cp_pre_scan", "cp_merge", "k2_segments", "k2_recurrence"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,7 +145,7 @@ def cp_launch(plan: cp_plan.CPPlan, n_heads: int, tile_cap: int) -> CPLaunch:
     tables = {
         "seg_start": seg_start, "seg_prefix": seg_prefix, "scan_seg": scan or [0],
         "seg_first": [f for f, _ in plan.per_seq], "seg_count": [c for _, c in plan.per_seq],
-        "last_seg": cp_plan.last_segments(plan),
+        "final_slot": cp_plan.final_slots(plan),
     }
     offsets, at = {}, 0
     for name, values in tables.items():
@@ -156,7 +157,7 @@ def cp_launch(plan: cp_plan.CPPlan, n_heads: int, tile_cap: int) -> CPLaunch:
     base = workspace_layout(n_heads, tile_cap, plan.n_segments)
     regions, offset = dict(base.regions), base.nbytes
     scratch = plan.n_segments * n_heads * STATE_BYTES
-    for name, nbytes in [("tables", blob.nbytes)] + [(n, scratch) for n in ("b_seg", "m_seg", "carries", "seg_final")]:
+    for name, nbytes in [("tables", blob.nbytes)] + [(n, scratch) for n in ("b_seg", "m_seg", "carries")]:
         regions[name] = (offset, nbytes)
         offset = -(-(offset + nbytes) // 256) * 256
     return CPLaunch(blob, offsets, WorkspaceLayout(regions, offset), len(scan))
@@ -212,15 +213,17 @@ def cp_program(lib: KernelLibrary, problem: Problem, t: Dict[str, Optional[Tenso
                                           offsets["scan_seg"], p["b_seg"], p["m_seg"], n_scan, H, tile_cap, stream)
     initial = t.get("initial_state")
     merge = "nostate" if initial is None else ("f32" if problem.state_dtype == "float32" else "bf16")
-    import os  # EXPERIMENT
-    prog.kernel(f"cp_merge_{merge}" + os.environ.get("KDA_EXP_MERGE", ""))(p["m_seg"], p["b_seg"], initial.ptr if initial is not None else 0, p["carries"],
+    prog.kernel(f"cp_merge_{merge}")(p["m_seg"], p["b_seg"], initial.ptr if initial is not None else 0, p["carries"],
                                     offsets["seg_first"], offsets["seg_count"], N, H, stream)
     # Segments start from their carries (fp32, rounded to bf16 on entry exactly as serial K2 rounds
-    # an fp32 initial state) and leave their fp32 exit states in seg_final for the gather.
+    # an fp32 initial state); each sequence's last segment writes its final state.
     final = t.get("final_state")
-    k2 = k2_variant(lib, {"has_initial": True, "has_final": final is not None, "state_fp32": True, "value_block": vb})
-    prog.add_call(k2)(t["v"].ptr, t["out"].ptr, *ws, *seg_tables, p["carries"], p["seg_final"], t_total, n_seg, H, tile_cap, stream)
-    if final is not None:
-        name = "cp_gather_final_" + ("f32" if problem.state_dtype == "float32" else "bf16")
-        prog.kernel(name)(p["seg_final"], final.ptr, offsets["last_seg"], n_seg, N, H, stream)
+    sizes = (t_total, n_seg, H, tile_cap, stream)
+    if final is None:
+        k2 = k2_variant(lib, {"has_initial": True, "has_final": False, "state_fp32": True, "value_block": vb})
+        prog.add_call(k2)(t["v"].ptr, t["out"].ptr, *ws, *seg_tables, p["carries"], 0, *sizes)
+    else:
+        dtype = "f32" if problem.state_dtype == "float32" else "bf16"
+        prog.kernel(f"k2_segments_{dtype}_vb{vb}")(t["v"].ptr, t["out"].ptr, *ws, *seg_tables, p["carries"], final.ptr,
+                                                   offsets["final_slot"], *sizes)
     return prog

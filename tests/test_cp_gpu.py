@@ -61,6 +61,10 @@ def test_cp_matches_serial(lib, H, name, segments):
         rmse, rmax = _rel(got, want)
         assert rmse < 4e-3 and rmax < 1e-2, f"{what}: rel RMSE {rmse:.2e}, rel max {rmax:.2e}"
     # The first segment of every sequence starts from the same state as serial: bitwise (spec 4.6).
+    # With two segments and no initial state the second starts from B_0, serial's state bit for bit
+    # (spec 4.6 item 2), so the final states written by the last segments match serial exactly.
+    if segments == 2 and state is None:
+        assert torch.equal(s_cp, s_ser), "final states of 2-segment plans without initial state differ"
     plan = kda_aot.plan_prefill(lens, H, mode=segments)
     for first, _ in plan.per_seq:
         a, b = plan.seg_token_start[first], plan.seg_token_start[first + 1]
@@ -114,6 +118,31 @@ def test_cp_without_final_state_and_with_empty_sequences(lib):
     assert _rel(o_cp, o_ser)[0] < 4e-3
     o_nf, none = kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], cp=4, seq_lens=lens, **args)
     assert none is None and torch.equal(o_nf, o_cp)
+
+
+@pytest.mark.parametrize("state", ["bf16", "fp32"])
+def test_cp_writes_every_final_state_and_nothing_else(lib, state):
+    """Each sequence's last segment writes its final state straight into the caller's buffer:
+    a NaN-poisoned buffer is fully overwritten, a guard after it is untouched."""
+    import kda_aot
+
+    lens = [14336] + [128] * 16 + [2000]
+    x = _inputs(lens, 4, seed=11, state=state)
+    dtype = x["initial_state"].dtype
+    N = len(lens)
+    buf = torch.full((N + 1, 4, 128, 128), float("nan"), dtype=dtype, device="cuda")
+    guard = torch.randn(4, 128, 128, device="cuda").to(dtype)
+    buf[N] = guard
+    o_ser, s_ser = _run(x, "off")
+    o_cp, s_cp = _run(x, "auto", final_state=buf[:N])
+    assert s_cp.data_ptr() == buf.data_ptr()
+    assert not torch.isnan(buf[:N]).any()
+    assert torch.equal(buf[N], guard)
+    assert _rel(s_cp, s_ser)[0] < 4e-3
+    plan = kda_aot.plan_prefill(lens, 4, sm_count=torch.cuda.get_device_properties(0).multi_processor_count)
+    for n, (first, count) in enumerate(plan.per_seq):
+        if count == 1:  # one segment: the serial computation itself
+            assert torch.equal(s_cp[n], s_ser[n]), f"sequence {n}"
 
 
 def test_cp_on_refuses_what_it_cannot_split(lib):

@@ -41,7 +41,10 @@ def test_cp_launch_tables_match_the_plan(lens, H, mode):
     seg_start, seg_prefix = cp_plan.segment_tables(plan)
     assert table("seg_start", n_seg + 1) == list(seg_start)
     assert table("seg_prefix", n_seg + 1) == list(seg_prefix)
-    assert table("last_seg", len(lens)) == cp_plan.last_segments(plan)
+    slots = table("final_slot", n_seg)
+    assert slots == cp_plan.final_slots(plan)
+    assert [slots.index(n) for n in range(len(lens))] == cp_plan.last_segments(plan)  # one writer per sequence
+    assert sum(s >= 0 for s in slots) == len(lens) and "seg_final" not in launch.layout.regions
     assert table("seg_first", len(lens)) == [f for f, _ in plan.per_seq]
     assert table("seg_count", len(lens)) == [c for _, c in plan.per_seq]
     assert launch.n_scan == len(cp_plan.non_last_segments(plan))

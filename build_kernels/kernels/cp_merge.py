@@ -23,16 +23,15 @@ Shared memory (bytes):
   carry   2 x 16 rows x 132 words (8448 each): tf32 bit patterns of the current carry (A operand),
           double-buffered by step parity so the epilogue of step i never races step i's readers.
           Row stride 132 words: A-fragment reads (row g, col k0+q) hit bank 4g+q, conflict-free.
-  M ring  STAGES = NKB * RING stages (RING = 2 whole M matrices) x KB = 32 rows of M x 136 words
-          (17408 each): k-block kb of step i sits in stage (i % RING) * NKB + kb.
+  M ring  STAGES = NKB * RING stages x KB = 32 rows of M x 136 words (17408 each): k-block kb of
+          step i sits in stage (i % RING) * NKB + kb. RING = 1: 4 stages, 3 k-blocks in flight.
           Row stride 136: B-fragment reads (row k0+q, col n0+g) hit bank 8q+g, conflict-free.
   B       RING x 16 rows x 136 words (8704 each): this CTA's rows of b_seg, slot i % RING for step i.
-  total   173568 B (170 KiB) -> 1 CTA per SM.
+  total   95232 B (93 KiB) with RING = 1 -> 2 CTAs per SM.
 
-Why two whole matrices in flight: a step reads 64 KiB of M and does little arithmetic on it
-(16 x 128 x 128 MACs), so the step time is the latency of the M stream. With 4 stages of 16 KiB
-(3 in flight) a step took 1.8 us on the H200 (27 us for 16 segments); M does not depend on the
-carry, so the whole next matrix can stream in while this one is multiplied.
+Ring depth, measured (H200, docs/cp_tuning.md): a step takes ~1.75 us with RING = 1 and the same
+with RING = 2 (two whole M matrices, 7 k-blocks, in flight; 170 KiB), so the step is not waiting
+on the M stream; RING = 1 keeps the smaller footprint (H=4 [8192] CP 0.144 vs 0.159 ms per call).
 
 Pipeline (cp.async.cg 16-byte copies issued by all 128 threads, one commit group per k-block):
 the k-blocks of all steps form one stream it = step * NKB + kb, stage it % STAGES. Iteration it:
@@ -60,7 +59,7 @@ THREADS = 128  # 4 MMA warps, each owning 32 output columns
 WARP_COLS = D // (THREADS // 32)
 KB = 32  # rows of M per pipeline stage (k-block)
 NKB = D // KB
-RING = 2  # default: whole M matrices (and B row blocks) the ring holds (a compile-time constant)
+RING = 1  # whole M matrices (and B row blocks) the ring holds; 2 measured no faster (see below)
 
 C_STRIDE = D + 4  # words per carry row in smem
 M_STRIDE = D + 8  # words per M / B row in smem

@@ -132,12 +132,29 @@ def produce_tiles(full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, ntil
                 bulk_g2s(sb + off_v + r * vstr, vrow + Int64(r) * row_step, v_bytes, fb)
 
 
+def _store_exit_state(final_ptr, final_base, region, lane, col0, NB: int, NW: int, final_fp32: bool):
+    """Q6 exit: this warp's columns of S^T from smem to final_state[slot, h] (V x K), bf16 as is or
+    exactly widened to fp32. A plain function (traced inline) so its locals stay out of the kernel's
+    dynamic `if` around the call."""
+    for jj in range(D // 32):
+        k = lane + 32 * jj
+        kaddr = region + 128 * NB * (k >> 3) + 16 * (k & 7)
+        for p in range(NW // 2):
+            word = lds_b32(kaddr + 128 * (p // 4) + 4 * (p % 4))
+            e0 = final_base + Int64(col0 + 2 * p) * D + Int64(k)
+            if final_fp32:
+                stg_f32_pair_from_bf16(final_ptr + e0 * 4, final_ptr + (e0 + D) * 4, word)
+            else:
+                stg_bf16_pair(final_ptr + e0 * 2, final_ptr + (e0 + D) * 2, word)
+
+
 @cute.kernel
 def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64,
                inv_ptr: Int64, mqk_ptr: Int64, bsig_ptr: Int64, mStart: cute.Tensor, mPrefix: cute.Tensor,
-               init_ptr: Int64, final_ptr: Int64, n_heads: Int32, cap: Int32,
+               init_ptr: Int64, final_ptr: Int64, mSlot: cute.Tensor, n_heads: Int32, cap: Int32,
                has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
-               state_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int]):
+               state_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int],
+               final_fp32: cutlass.Constexpr[bool], final_slots: cutlass.Constexpr[bool]):
     VB = value_block
     MMA_WARPS = mma_warps(VB)
     LOAD_WARP = MMA_WARPS
@@ -301,16 +318,14 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
 
         # -------- Q6 exit state
         if cutlass.const_expr(has_final):
-            for jj in cutlass.range_constexpr(D // 32):
-                k = lane + 32 * jj
-                kaddr = region + 128 * NB * (k >> 3) + 16 * (k & 7)
-                for p in cutlass.range_constexpr(NW // 2):
-                    word = lds_b32(kaddr + 128 * (p // 4) + 4 * (p % 4))
-                    e0 = state_base + Int64(col0 + 2 * p) * D + Int64(k)
-                    if cutlass.const_expr(state_fp32):
-                        stg_f32_pair_from_bf16(final_ptr + e0 * 4, final_ptr + (e0 + D) * 4, word)
-                    else:
-                        stg_bf16_pair(final_ptr + e0 * 2, final_ptr + (e0 + D) * 2, word)
+            # final_slots (CP): "sequence" n is a segment; only a sequence's last segment has a slot
+            # (the sequence index, -1 otherwise) and writes final_state[slot] directly.
+            slot = n
+            if cutlass.const_expr(final_slots):
+                slot = mSlot[n]
+            if slot >= 0:
+                _store_exit_state(final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), region, lane, col0, NB, NW,
+                                  final_fp32)
 
 
 @cute.jit
@@ -328,6 +343,30 @@ def k2_recurrence(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd
     table = cute.make_layout(n_seq + 1)
     _k2_kernel(v.toint(), out.toint(), ws_qd.toint(), ws_kd.toint(), ws_kr.toint(), ws_gt.toint(),
                ws_inv.toint(), ws_mqk.toint(), ws_bsig.toint(), cute.make_tensor(seq_start, table),
-               cute.make_tensor(tile_prefix, table), initial_state.toint(), final_state.toint(), n_heads, cap,
-               has_initial, has_final, state_fp32, value_block).launch(
-        grid=(n_seq, n_heads, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream, use_pdl=True)
+               cute.make_tensor(tile_prefix, table), initial_state.toint(), final_state.toint(),
+               cute.make_tensor(seq_start, table), n_heads, cap,
+               has_initial, has_final, state_fp32, value_block, state_fp32, False).launch(
+        grid=(n_seq, n_heads, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream,
+        use_pdl=True)
+
+
+@cute.jit
+def k2_segments(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: cute.Pointer,
+                ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer, ws_mqk: cute.Pointer,
+                ws_bsig: cute.Pointer, seg_start: cute.Pointer, seg_prefix: cute.Pointer,
+                carries: cute.Pointer, final_state: cute.Pointer, final_slot: cute.Pointer, t_total: Int32,
+                n_seg: Int32, n_heads: Int32, cap: Int32, stream: cuda.CUstream,
+                final_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int]):
+    """Segmented K2 of a CP call (spec 4.5): K2 with segments in place of sequences, entry states
+    from the merge's fp32 carries [n_seg, H, 128, 128], and the exit state of segment j written to
+    final_state[final_slot[j]] (bf16 or fp32 [n_seq, H, 128, 128]) when final_slot[j] >= 0, i.e.
+    only by each sequence's last segment: no scratch and no gather kernel."""
+    assert value_block in (128, 64, 32)
+    table = cute.make_layout(n_seg + 1)
+    _k2_kernel(v.toint(), out.toint(), ws_qd.toint(), ws_kd.toint(), ws_kr.toint(), ws_gt.toint(),
+               ws_inv.toint(), ws_mqk.toint(), ws_bsig.toint(), cute.make_tensor(seg_start, table),
+               cute.make_tensor(seg_prefix, table), carries.toint(), final_state.toint(),
+               cute.make_tensor(final_slot, cute.make_layout(n_seg)), n_heads, cap,
+               True, True, True, value_block, final_fp32, True).launch(
+        grid=(n_seg, n_heads, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream,
+        use_pdl=True)

@@ -18,6 +18,8 @@ typedef struct cudaLaunchConfig_st cudaLaunchConfig_t;
 #define CUDA_ERROR_NOT_FOUND 500
 #define cudaEnableDefault 0ULL
 #define cudaDriverEntryPointSuccess 0
+#define KDA_ATTR_PREFERRED_CARVEOUT 9 /* cudaFuncAttributePreferredSharedMemoryCarveout */
+#define KDA_CARVEOUT_MAX_SHARED 100   /* cudaSharedmemCarveoutMaxShared: percent of the maximum */
 
 cudaError_t cudaGetDevice(int *device);
 cudaError_t cudaGetDeviceCount(int *count);
