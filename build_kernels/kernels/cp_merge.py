@@ -14,22 +14,20 @@ Grid (128 // ROWS, n_seq, n_heads), 128 threads (4 warps). Rows of the carry are
 CTA (rb, n, h) owns value rows [rb*ROWS, rb*ROWS + ROWS), ROWS = 16 (one m16 MMA tile; H=4 with one
 sequence gives 32 CTAs). Per step the CTA computes acc(16x128) = carry(16x128) @ M(128x128) + B rows
 with warp-level TF32 tensor-core MMA (mma.sync.m16n8k8.row.col.f32.tf32.tf32.f32): warp w owns
-output columns [32w, 32w + 32) = 4 n-tiles of 8 (column n0 + 4 j + nt for tile column j of n-tile nt,
-so fragments move with 16-byte shared-memory accesses), 16 k-steps of 8 each, accumulator initialised
-with B. Operands are rounded fp32 -> tf32 with cvt.rna.tf32.f32 (M when read from shared memory; the
+output columns [32w, 32w + 32) = 4 n-tiles of 8, 16 k-steps of 8 each, accumulator initialised with
+B. Operands are rounded fp32 -> tf32 with cvt.rna.tf32.f32 (M when read from shared memory; the
 carry once, when it is stored as the next step's A operand). Accumulation is fp32 in a fixed k
 order, no atomics: bitwise deterministic.
 
 Shared memory (bytes):
-  carry   2 x 16 rows x 128 words (8192 each): tf32 bit patterns of the current carry (A operand) in
-          fragment order (_a_word: a lane's 4 A values of a k-step are one 16-byte word group, read
-          with one conflict-free ld.shared.v4), double-buffered by step parity so the epilogue of
-          step i never races step i's readers.
+  carry   2 x 16 rows x 132 words (8448 each): tf32 bit patterns of the current carry (A operand),
+          double-buffered by step parity so the epilogue of step i never races step i's readers.
+          Row stride 132 words: A-fragment reads (row g, col k0+q) hit bank 4g+q, conflict-free.
   M ring  STAGES = NKB * RING stages x KB = 32 rows of M x 136 words (17408 each): k-block kb of
           step i sits in stage (i % RING) * NKB + kb. RING = 1: 4 stages, 3 k-blocks in flight.
           Row stride 136: B-fragment reads (row k0+q, col n0+g) hit bank 8q+g, conflict-free.
   B       RING x 16 rows x 136 words (8704 each): this CTA's rows of b_seg, slot i % RING for step i.
-  total   94720 B (92.5 KiB) with RING = 1 -> 2 CTAs per SM.
+  total   95232 B (93 KiB) with RING = 1 -> 2 CTAs per SM.
 
 Ring depth, measured (H200, docs/cp_tuning.md): a step takes ~1.75 us with RING = 1 and the same
 with RING = 2 (two whole M matrices, 7 k-blocks, in flight; 170 KiB), so the step is not waiting
@@ -63,8 +61,9 @@ KB = 32  # rows of M per pipeline stage (k-block)
 NKB = D // KB
 RING = 1  # whole M matrices (and B row blocks) the ring holds; 2 measured no faster (see below)
 
+C_STRIDE = D + 4  # words per carry row in smem
 M_STRIDE = D + 8  # words per M / B row in smem
-CARRY_BYTES = ROWS * D * 4  # A-fragment order, see _a_word
+CARRY_BYTES = ROWS * C_STRIDE * 4
 STAGE_BYTES = KB * M_STRIDE * 4
 B_BYTES = ROWS * M_STRIDE * 4
 MAT = D * D  # elements per (segment, head) matrix
@@ -96,25 +95,6 @@ def lds_v2_f32(saddr: Int32, *, loc=None, ip=None):
     r = _asm([T.f32(), T.f32()], [_ir(saddr, Int32, loc, ip)], "ld.shared.v2.f32 {$0, $1}, [$2];", "=f,=f,r",
              True, loc, ip)
     return Float32(r[0]), Float32(r[1])
-
-
-@dsl_user_op
-def lds_v4_b32(saddr: Int32, *, loc=None, ip=None):
-    r = _asm([T.i32()] * 4, [_ir(saddr, Int32, loc, ip)], "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];",
-             "=r,=r,=r,=r,r", True, loc, ip)
-    return tuple(Int32(x) for x in r)
-
-
-@dsl_user_op
-def lds_v4_f32(saddr: Int32, *, loc=None, ip=None):
-    r = _asm([T.f32()] * 4, [_ir(saddr, Int32, loc, ip)], "ld.shared.v4.f32 {$0, $1, $2, $3}, [$4];",
-             "=f,=f,=f,=f,r", True, loc, ip)
-    return tuple(Float32(x) for x in r)
-
-
-@dsl_user_op
-def sts_b32(saddr: Int32, a: Int32, *, loc=None, ip=None) -> None:
-    _asm(None, [_ir(saddr, Int32, loc, ip), _ir(a, Int32, loc, ip)], "st.shared.b32 [$0], $1;", "r,r", True, loc, ip)
 
 
 @dsl_user_op
@@ -187,13 +167,6 @@ def mma_tf32_1688(a, b, c, *, loc=None, ip=None):
 def _mat_base(s, h64, H64):
     """Element index of matrix (segment or sequence s, head h): (s * H + h) * 128 * 128, in 64 bits."""
     return (Int64(s) * H64 + h64) * MAT
-
-
-def _a_word(r, c):
-    """Word index of carry element (row r < 16, column c) in the A-operand buffer: per k-step ks = c >> 3,
-    lane (g, q) = (r & 7, c & 3) holds its fragment (a0, a1, a2, a3) = rows (g, g+8) x columns (q, q+4)
-    as 4 consecutive words at 128 ks + 4 lane, so one ld.shared.v4 loads it."""
-    return (((c >> 3) * 32 + (r & 7) * 4 + (c & 3)) * 4) + (r >> 3) + 2 * ((c >> 2) & 1)
 
 
 def _issue(ctx, step, kb: int, ring: int):
@@ -273,18 +246,16 @@ def _cp_merge_kernel(m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int
                 else:
                     x = ldg_bf16x4_f32(init_ptr + (ib + e) * 2)
             stg_v4_f32(carry_ptr + (cb0 + e) * 4, x[0], x[1], x[2], x[3])
-            for i in cutlass.range_constexpr(4):
-                sts_b32(c_base + _a_word(r, col + i) * 4, to_tf32(x[i]))
+            sts_v4_b32(c_base + (r * C_STRIDE + col) * 4, to_tf32(x[0]), to_tf32(x[1]), to_tf32(x[2]),
+                       to_tf32(x[3]))
 
     # -------- the steps
-    # Output column permutation: n-tile nt, tile column j of warp w is carry column n0w + 4 j + nt, so
-    # a lane's B values of the 4 n-tiles sit in one 16-byte row segment of M (one ld.shared.v4) and
-    # its accumulator values of a row are 8 consecutive columns n0w + 8 q .. + 7.
     n0w = warp * WARP_COLS  # first output column of this warp
-    bm_off = (q * M_STRIDE + n0w + 4 * g) * 4  # B values (k q, columns n0w + 4 g + nt) inside a stage
-    acc_off = (g * M_STRIDE + n0w + 8 * q) * 4  # this lane's 8 columns of row g inside the B buffer
-    out_off = Int64((row0 + g) * D + n0w + 8 * q)  # same position inside a global carry matrix
-    a_lane = lane * 16  # a lane's A fragment of k-step ks: carry buffer + 512 ks + 16 lane
+    a_off = (g * C_STRIDE + q) * 4  # A fragment (row g, col q) inside the carry buffer
+    bm_off = (q * M_STRIDE + n0w + g) * 4  # B fragment (k q, n n0w + g) inside a stage
+    acc_off = (g * M_STRIDE + n0w + 2 * q) * 4  # C fragment (row g, cols 2q..) inside the B buffer
+    cw_off = (g * C_STRIDE + n0w + 2 * q) * 4  # same position inside a carry buffer
+    out_off = Int64((row0 + g) * D + n0w + 2 * q)  # same position inside a global carry matrix
 
     for step in cutlass.range(nsteps, unroll=1):
         c_rd = c_base + (step & 1) * CARRY_BYTES
@@ -300,33 +271,29 @@ def _cp_merge_kernel(m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int
             cute.arch.cp_async_commit_group()
 
             if cutlass.const_expr(kb == 0):
-                bb = b_base + slot * B_BYTES + acc_off
-                lo0 = lds_v4_f32(bb)  # row g, columns n0w + 8q + 0..3 (c0 of n-tiles 0..3)
-                hi0 = lds_v4_f32(bb + 16)  # row g, columns + 4..7 (c1)
-                lo1 = lds_v4_f32(bb + 8 * M_STRIDE * 4)  # row g + 8 (c2)
-                hi1 = lds_v4_f32(bb + 8 * M_STRIDE * 4 + 16)  # (c3)
-                for nt in cutlass.range_constexpr(4):
-                    acc.append([lo0[nt], hi0[nt], lo1[nt], hi1[nt]])
+                for nt in cutlass.range_constexpr(WARP_COLS // 8):
+                    bb = b_base + slot * B_BYTES + acc_off + nt * 32
+                    c0, c1 = lds_v2_f32(bb)
+                    c2, c3 = lds_v2_f32(bb + 8 * M_STRIDE * 4)
+                    acc.append([c0, c1, c2, c3])
 
             stage = m_base + (slot * NKB + kb) * STAGE_BYTES
             for ks in cutlass.range_constexpr(KB // 8):
-                a = lds_v4_b32(c_rd + a_lane + (kb * (KB // 8) + ks) * 512)
+                ka = c_rd + a_off + (kb * KB + ks * 8) * 4
+                a = (lds_b32(ka), lds_b32(ka + 8 * C_STRIDE * 4), lds_b32(ka + 16), lds_b32(ka + 8 * C_STRIDE * 4 + 16))
                 kbm = stage + bm_off + ks * 8 * M_STRIDE * 4
-                b0 = lds_v4_f32(kbm)  # row k0 + q
-                b1 = lds_v4_f32(kbm + 4 * M_STRIDE * 4)  # row k0 + q + 4
-                for nt in cutlass.range_constexpr(4):
-                    acc[nt] = mma_tf32_1688(a, (to_tf32(b0[nt]), to_tf32(b1[nt])), acc[nt])
+                for nt in cutlass.range_constexpr(WARP_COLS // 8):
+                    bfrag = (to_tf32(lds_f32(kbm + nt * 32)), to_tf32(lds_f32(kbm + nt * 32 + 4 * M_STRIDE * 4)))
+                    acc[nt] = mma_tf32_1688(a, bfrag, acc[nt])
 
         # -------- epilogue: carry[first + step + 1] to global (fp32) and as the next A operand (tf32)
         gout = carry_ptr + (_mat_base(first + step + 1, h64, H64) + out_off) * 4
-        stg_v4_f32(gout, acc[0][0], acc[1][0], acc[2][0], acc[3][0])
-        stg_v4_f32(gout + 16, acc[0][1], acc[1][1], acc[2][1], acc[3][1])
-        stg_v4_f32(gout + 8 * D * 4, acc[0][2], acc[1][2], acc[2][2], acc[3][2])
-        stg_v4_f32(gout + 8 * D * 4 + 16, acc[0][3], acc[1][3], acc[2][3], acc[3][3])
-        for nt in cutlass.range_constexpr(4):
-            for half in cutlass.range_constexpr(2):  # columns n0w + 8q + 4 half + nt, rows g and g + 8
-                word = _a_word(g, n0w + 8 * q + 4 * half + nt)
-                sts_v2_b32(c_wr + word * 4, to_tf32(acc[nt][half]), to_tf32(acc[nt][2 + half]))
+        for nt in cutlass.range_constexpr(WARP_COLS // 8):
+            v = acc[nt]
+            stg_v2_f32(gout + nt * 32, v[0], v[1])
+            stg_v2_f32(gout + nt * 32 + 8 * D * 4, v[2], v[3])
+            sts_v2_b32(c_wr + cw_off + nt * 32, to_tf32(v[0]), to_tf32(v[1]))
+            sts_v2_b32(c_wr + cw_off + nt * 32 + 8 * C_STRIDE * 4, to_tf32(v[2]), to_tf32(v[3]))
 
     cute.arch.cp_async_wait_group(0)
 
