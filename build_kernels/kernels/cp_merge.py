@@ -55,8 +55,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from .tile_ops import D, _asm, _ir, await_previous_grid  # the shared inline-PTX wrappers
 
 ROWS = 16  # carry rows (value rows) per CTA: one m16 tile
-THREADS = 128  # 4 MMA warps, each owning 32 output columns
-WARP_COLS = D // (THREADS // 32)
+WARPS = 8  # MMA warps per CTA (a compile-time constant), each owning D / WARPS output columns
 KB = 32  # rows of M per pipeline stage (k-block)
 NKB = D // KB
 RING = 1  # whole M matrices (and B row blocks) the ring holds; 2 measured no faster (see below)
@@ -169,22 +168,22 @@ def _mat_base(s, h64, H64):
     return (Int64(s) * H64 + h64) * MAT
 
 
-def _issue(ctx, step, kb: int, ring: int):
+def _issue(ctx, step, kb: int, ring: int, warps: int):
     """cp.async of k-block kb of M[first + step] into its stage (+ the CTA's B rows when kb == 0).
 
-    Each thread copies 16-byte chunks tidx + 128 j: row (chunk >> 5), column chunk (chunk & 31), so a warp
-    reads one contiguous 512-byte row per instruction."""
+    Each thread copies 16-byte chunks tidx + 32 warps j: row (chunk >> 5), column chunk (chunk & 31), so a
+    warp reads one contiguous 512-byte row per instruction."""
     m_ptr, b_ptr, m_base, b_base, h64, H64, first, row0, cp_goff, cp_soff = ctx
     mb = _mat_base(first + step, h64, H64)
     slot = step % ring
     stage = m_base + (slot * NKB + kb) * STAGE_BYTES
     gm = m_ptr + (mb + Int64(kb * KB * D) + cp_goff) * 4
-    for j in range(KB * D // 4 // THREADS):
-        cp_async_16(stage + cp_soff + j * (4 * M_STRIDE * 4), gm + Int64(j * 4 * D * 4))
+    for j in range(KB // warps):
+        cp_async_16(stage + cp_soff + j * (warps * M_STRIDE * 4), gm + Int64(j * warps * D * 4))
     if kb == 0:
         gb = b_ptr + (mb + Int64(row0 * D) + cp_goff) * 4
-        for j in range(ROWS * D // 4 // THREADS):
-            cp_async_16(b_base + slot * B_BYTES + cp_soff + j * (4 * M_STRIDE * 4), gb + Int64(j * 4 * D * 4))
+        for j in range(ROWS // warps):
+            cp_async_16(b_base + slot * B_BYTES + cp_soff + j * (warps * M_STRIDE * 4), gb + Int64(j * warps * D * 4))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -194,8 +193,10 @@ def _issue(ctx, step, kb: int, ring: int):
 def _cp_merge_kernel(m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int64, mFirst: cute.Tensor,
                      mCount: cute.Tensor, n_heads: Int32,
                      has_initial: cutlass.Constexpr[bool], state_fp32: cutlass.Constexpr[bool],
-                     ring: cutlass.Constexpr[int]):
+                     ring: cutlass.Constexpr[int], warps: cutlass.Constexpr[int]):
     STAGES = NKB * ring
+    THREADS = 32 * warps
+    WARP_COLS = D // warps
     rb, n, h = cute.arch.block_idx()
     tidx, _, _ = cute.arch.thread_idx()
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -219,7 +220,7 @@ def _cp_merge_kernel(m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int
     H64 = Int64(n_heads)
     row0 = rb * ROWS  # first value row of this CTA
 
-    cp_row = tidx >> 5  # producer share: chunk c = tidx + 128 j -> row (c >> 5), 16-byte chunk (c & 31)
+    cp_row = tidx >> 5  # producer share: chunk c = tidx + THREADS j -> row (c >> 5), 16-byte chunk (c & 31)
     cp_chk = tidx & 31
     cp_goff = Int64(cp_row * D + cp_chk * 4)
     cp_soff = cp_row * (M_STRIDE * 4) + cp_chk * 16
@@ -227,7 +228,7 @@ def _cp_merge_kernel(m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int
 
     for p in cutlass.range_constexpr(STAGES - 1):
         if p // NKB < nsteps:
-            _issue(ctx, p // NKB, p % NKB, ring)
+            _issue(ctx, p // NKB, p % NKB, ring, warps)
         cute.arch.cp_async_commit_group()
 
     # -------- carry[first] = widened initial state (or 0): global fp32 copy + tf32 A operand in smem
@@ -267,7 +268,7 @@ def _cp_merge_kernel(m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int
             cute.arch.barrier()
             ahead = kb + STAGES - 1
             if step + ahead // NKB < nsteps:
-                _issue(ctx, step + ahead // NKB, ahead % NKB, ring)
+                _issue(ctx, step + ahead // NKB, ahead % NKB, ring, warps)
             cute.arch.cp_async_commit_group()
 
             if cutlass.const_expr(kb == 0):
@@ -302,11 +303,11 @@ def _cp_merge_kernel(m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int
 def cp_merge(m_seg: cute.Pointer, b_seg: cute.Pointer, initial_state: cute.Pointer, carries: cute.Pointer,
              seg_first: cute.Pointer, seg_count: cute.Pointer, n_seq: Int32, n_heads: Int32,
              stream: cuda.CUstream, has_initial: cutlass.Constexpr[bool], state_fp32: cutlass.Constexpr[bool],
-             ring: cutlass.Constexpr[int] = RING):
+             ring: cutlass.Constexpr[int] = RING, warps: cutlass.Constexpr[int] = WARPS):
     """m_seg, b_seg, carries fp32 [n_seg, H, 128, 128]; initial_state [n_seq, H, 128, 128] (V x K) in
     bf16 or fp32 (unused when has_initial=False); seg_first / seg_count int32 [n_seq]. n_seq >= 1."""
     table = cute.make_layout(n_seq)
     _cp_merge_kernel(m_seg.toint(), b_seg.toint(), initial_state.toint(), carries.toint(),
                      cute.make_tensor(seg_first, table), cute.make_tensor(seg_count, table), n_heads,
-                     has_initial, state_fp32, ring).launch(
-        grid=(D // ROWS, n_seq, n_heads), block=(THREADS, 1, 1), stream=stream, use_pdl=True)
+                     has_initial, state_fp32, ring, warps).launch(
+        grid=(D // ROWS, n_seq, n_heads), block=(32 * warps, 1, 1), stream=stream, use_pdl=True)
