@@ -145,9 +145,8 @@ def _cp_merge() -> List[Variant]:
                 ptr("initial_state", "float32" if state_fp32 else "bfloat16"), ptr("carries", "float32"),
                 ptr("seg_first", "int32", 4), ptr("seg_count", "int32", 4),
                 scalar("n_seq", "i32"), scalar("n_heads", "i32"), STREAM)
-        for warps in (8, 4, 16):  # EXPERIMENT
-            variants.append(Variant(f"cp_merge_{name}" + ("" if warps == 8 else f"_w{warps}"), "cp_merge", "cp_merge", args,
-                                    constants=(("has_initial", has_initial), ("state_fp32", state_fp32), ("warps", warps))))
+        variants.append(Variant(f"cp_merge_{name}", "cp_merge", "cp_merge", args,
+                                constants=(("has_initial", has_initial), ("state_fp32", state_fp32))))
     return variants
 
 

@@ -213,8 +213,7 @@ def cp_program(lib: KernelLibrary, problem: Problem, t: Dict[str, Optional[Tenso
                                           offsets["scan_seg"], p["b_seg"], p["m_seg"], n_scan, H, tile_cap, stream)
     initial = t.get("initial_state")
     merge = "nostate" if initial is None else ("f32" if problem.state_dtype == "float32" else "bf16")
-    import os  # EXPERIMENT
-    prog.kernel(f"cp_merge_{merge}" + os.environ.get("KDA_EXP_MERGE", ""))(p["m_seg"], p["b_seg"], initial.ptr if initial is not None else 0, p["carries"],
+    prog.kernel(f"cp_merge_{merge}")(p["m_seg"], p["b_seg"], initial.ptr if initial is not None else 0, p["carries"],
                                     offsets["seg_first"], offsets["seg_count"], N, H, stream)
     # Segments start from their carries (fp32, rounded to bf16 on entry exactly as serial K2 rounds
     # an fp32 initial state); each sequence's last segment writes its final state.

@@ -10,12 +10,16 @@ and carries sits at ((s * n_heads + h) * 128 + r) * 128 + c; the carry is V x K 
 K x K. Every carry[first + i], i = 0 .. count-1, is written (the first too): segmented K2 reads
 them as its initial states.
 
-Grid (128 // ROWS, n_seq, n_heads), 128 threads (4 warps). Rows of the carry are independent, so
-CTA (rb, n, h) owns value rows [rb*ROWS, rb*ROWS + ROWS), ROWS = 16 (one m16 MMA tile; H=4 with one
-sequence gives 32 CTAs). Per step the CTA computes acc(16x128) = carry(16x128) @ M(128x128) + B rows
-with warp-level TF32 tensor-core MMA (mma.sync.m16n8k8.row.col.f32.tf32.tf32.f32): warp w owns
-output columns [32w, 32w + 32) = 4 n-tiles of 8, 16 k-steps of 8 each, accumulator initialised with
-B. Operands are rounded fp32 -> tf32 with cvt.rna.tf32.f32 (M when read from shared memory; the
+Grid (128 // ROWS, n_seq, n_heads), 32 * WARPS threads (WARPS = 8). Rows of the carry are
+independent, so CTA (rb, n, h) owns value rows [rb*ROWS, rb*ROWS + ROWS), ROWS = 16 (one m16 MMA tile;
+H=4 with one sequence gives 32 CTAs). Per step the CTA computes acc(16x128) = carry(16x128) @
+M(128x128) + B rows with warp-level TF32 tensor-core MMA (mma.sync.m16n8k8.row.col.f32.tf32.tf32.f32):
+warp w owns output columns [16w, 16w + 16) = 2 n-tiles of 8, 16 k-steps of 8 each, accumulator
+initialised with B.
+
+Warps, measured (H200, docs/cp_tuning.md): the step chain is latency-bound (Nsight Compute: one warp
+per scheduler issued every ~4 cycles, SM throughput 16 %); 4 / 8 / 16 warps gave 27.4 / 24.0 / 26.8
+us for H=8 [8192] (15 steps), so 8. Operands are rounded fp32 -> tf32 with cvt.rna.tf32.f32 (M when read from shared memory; the
 carry once, when it is stored as the next step's A operand). Accumulation is fp32 in a fixed k
 order, no atomics: bitwise deterministic.
 
@@ -33,7 +37,7 @@ Ring depth, measured (H200, docs/cp_tuning.md): a step takes ~1.75 us with RING 
 with RING = 2 (two whole M matrices, 7 k-blocks, in flight; 170 KiB), so the step is not waiting
 on the M stream; RING = 1 keeps the smaller footprint (H=4 [8192] CP 0.144 vs 0.159 ms per call).
 
-Pipeline (cp.async.cg 16-byte copies issued by all 128 threads, one commit group per k-block):
+Pipeline (cp.async.cg 16-byte copies issued by all threads, one commit group per k-block):
 the k-blocks of all steps form one stream it = step * NKB + kb, stage it % STAGES. Iteration it:
 wait_group(STAGES - 2) (own copies of k-block it landed), bar.sync (everyone's copies landed;
 everyone finished k-block it - 1, so its stage is free), issue k-block it + STAGES - 1 (M of later
