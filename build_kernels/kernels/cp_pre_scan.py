@@ -184,6 +184,9 @@ def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, 
                 xr[e + 2], xr[e + 3] = unpack_bf16x2(lds_b32(w_a0 + 128 * NB))
 
         zero = Float32(0.0)
+        # The S-chain's words at this lane's Q5 positions, kept in registers across tiles exactly as
+        # K2 keeps them (S starts at 0): Q5 reads the old state here, shared memory only feeds Q1.
+        st_words = [Int32(0) for _ in range(2 * (D // 16) * NB)]
         for i in cutlass.range(ntiles, unroll=1):
             s = i % STAGES
             cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
@@ -254,10 +257,13 @@ def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, 
                     ds = mma_bf16_16816(a_kr, u_frag[nb], (zero, zero, zero, zero))
                     w_a0 = region + 128 * (nb + NB * (2 * mb)) + 4 * lane
                     w_a1 = w_a0 + 128 * NB
-                    s0, s1 = unpack_bf16x2(lds_b32(w_a0))
-                    s2, s3 = unpack_bf16x2(lds_b32(w_a1))
-                    sts_b32(w_a0, pack_bf16x2(fma_rn(s0, gam0, ds[0]), fma_rn(s1, gam0, ds[1])))
-                    sts_b32(w_a1, pack_bf16x2(fma_rn(s2, gam1, ds[2]), fma_rn(s3, gam1, ds[3])))
+                    iw = 2 * (mb * NB + nb)
+                    s0, s1 = unpack_bf16x2(st_words[iw])
+                    s2, s3 = unpack_bf16x2(st_words[iw + 1])
+                    st_words[iw] = pack_bf16x2(fma_rn(s0, gam0, ds[0]), fma_rn(s1, gam0, ds[1]))
+                    st_words[iw + 1] = pack_bf16x2(fma_rn(s2, gam1, ds[2]), fma_rn(s3, gam1, ds[3]))
+                    sts_b32(w_a0, st_words[iw])
+                    sts_b32(w_a1, st_words[iw + 1])
 
                     dx = mma_bf16_16816(a_kr, x_frag[nb], (zero, zero, zero, zero))
                     e = 4 * (nb + NB * mb)

@@ -232,6 +232,15 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
         cute.arch.sync_warp()
 
         zero = Float32(0.0)
+        # This lane's words of S^T at its Q5 C-fragment positions, kept in registers across tiles:
+        # Q5 reads the old state from here instead of shared memory (the kernel is bound by shared
+        # memory throughput) and still writes the new one there for Q1's ldmatrix. Same values.
+        st_words = []
+        for mb in cutlass.range_constexpr(D // 16):
+            for nb in cutlass.range_constexpr(NB):
+                w_a0 = region + 128 * (nb + NB * (2 * mb)) + 4 * lane
+                st_words.append(lds_b32(w_a0))
+                st_words.append(lds_b32(w_a0 + 128 * NB))
         for i in cutlass.range(ntiles, unroll=1):
             s = i % STAGES
             cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
@@ -306,10 +315,13 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
                     ds = mma_bf16_16816(a_kr, u_frag[nb], (zero, zero, zero, zero))
                     w_a0 = region + 128 * (nb + NB * (2 * mb)) + 4 * lane
                     w_a1 = w_a0 + 128 * NB
-                    s0, s1 = unpack_bf16x2(lds_b32(w_a0))
-                    s2, s3 = unpack_bf16x2(lds_b32(w_a1))
-                    sts_b32(w_a0, pack_bf16x2(fma_rn(s0, gam0, ds[0]), fma_rn(s1, gam0, ds[1])))
-                    sts_b32(w_a1, pack_bf16x2(fma_rn(s2, gam1, ds[2]), fma_rn(s3, gam1, ds[3])))
+                    iw = 2 * (mb * NB + nb)
+                    s0, s1 = unpack_bf16x2(st_words[iw])
+                    s2, s3 = unpack_bf16x2(st_words[iw + 1])
+                    st_words[iw] = pack_bf16x2(fma_rn(s0, gam0, ds[0]), fma_rn(s1, gam0, ds[1]))
+                    st_words[iw + 1] = pack_bf16x2(fma_rn(s2, gam1, ds[2]), fma_rn(s3, gam1, ds[3]))
+                    sts_b32(w_a0, st_words[iw])
+                    sts_b32(w_a1, st_words[iw + 1])
 
             # state writes visible to the whole warp; stage reads done -> release it
             cute.arch.sync_warp()
