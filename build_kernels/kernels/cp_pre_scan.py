@@ -62,7 +62,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from .k2_recurrence import (BSIG_BYTES, GT_BYTES, HEAD_ROW_BYTES, SQ_BYTES, STAGES, TILE_BYTES, init_ring, mma_warps,
-                            produce_tiles, v_stride)
+                            produce_tiles, state_words_step, v_stride)
 from .mma_ops import (fma_rn, lds_b32, lds_bf16_f32, lds_f32, ldsm_x4, ldsm_x4_t, mma_bf16_16816,
                       movmatrix_t, mul_rn, pack_bf16x2, round_bf16x2, select_b32, stg_f32_pair_from_bf16, sts_b32,
                       sub_rn, unpack_bf16x2)
@@ -258,10 +258,7 @@ def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, 
                     w_a0 = region + 128 * (nb + NB * (2 * mb)) + 4 * lane
                     w_a1 = w_a0 + 128 * NB
                     iw = 2 * (mb * NB + nb)
-                    s0, s1 = unpack_bf16x2(st_words[iw])
-                    s2, s3 = unpack_bf16x2(st_words[iw + 1])
-                    st_words[iw] = pack_bf16x2(fma_rn(s0, gam0, ds[0]), fma_rn(s1, gam0, ds[1]))
-                    st_words[iw + 1] = pack_bf16x2(fma_rn(s2, gam1, ds[2]), fma_rn(s3, gam1, ds[3]))
+                    st_words[iw], st_words[iw + 1] = state_words_step(st_words[iw], st_words[iw + 1], gam0, gam1, ds)
                     sts_b32(w_a0, st_words[iw])
                     sts_b32(w_a1, st_words[iw + 1])
 

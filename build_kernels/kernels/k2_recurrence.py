@@ -136,6 +136,16 @@ def produce_tiles(full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, ntil
                 bulk_g2s(sb + off_v + r * vstr, vrow + Int64(r) * row_step, v_bytes, fb)
 
 
+def state_words_step(w0, w1, gam0, gam1, ds):
+    """Q5 on one lane's two packed bf16 state words (rows g and g + 8 of an m-block):
+    bf(fma(S, gamma, ds)) with fp32 math, shared by K2 and pre_scan's S-chain (spec 4.6 needs the
+    two bit-identical). Returns the new words; the caller keeps them and stores them for Q1."""
+    s0, s1 = unpack_bf16x2(w0)
+    s2, s3 = unpack_bf16x2(w1)
+    return (pack_bf16x2(fma_rn(s0, gam0, ds[0]), fma_rn(s1, gam0, ds[1])),
+            pack_bf16x2(fma_rn(s2, gam1, ds[2]), fma_rn(s3, gam1, ds[3])))
+
+
 def _store_exit_state(final_ptr, final_base, region, lane, col0, NB: int, NW: int, final_fp32: bool):
     """Q6 exit: this warp's columns of S^T from smem to final_state[slot, h] (V x K), bf16 as is or
     exactly widened to fp32. A plain function (traced inline) so its locals stay out of the kernel's
@@ -320,10 +330,7 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
                     w_a0 = region + 128 * (nb + NB * (2 * mb)) + 4 * lane
                     w_a1 = w_a0 + 128 * NB
                     iw = 2 * (mb * NB + nb)
-                    s0, s1 = unpack_bf16x2(st_words[iw])
-                    s2, s3 = unpack_bf16x2(st_words[iw + 1])
-                    st_words[iw] = pack_bf16x2(fma_rn(s0, gam0, ds[0]), fma_rn(s1, gam0, ds[1]))
-                    st_words[iw + 1] = pack_bf16x2(fma_rn(s2, gam1, ds[2]), fma_rn(s3, gam1, ds[3]))
+                    st_words[iw], st_words[iw + 1] = state_words_step(st_words[iw], st_words[iw + 1], gam0, gam1, ds)
                     sts_b32(w_a0, st_words[iw])
                     sts_b32(w_a1, st_words[iw + 1])
 
