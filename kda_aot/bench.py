@@ -153,7 +153,7 @@ def main(argv=None) -> int:
                FLASHKDA_MS.get((H, key))]
         rows.append(row)
         print("  " + " | ".join(_fmt(c) for c in row), flush=True)
-        del x, cu, out, final
+        x = cu = out = final = None  # free this shape's tensors before the next one
         torch.cuda.empty_cache()
     table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     table += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]

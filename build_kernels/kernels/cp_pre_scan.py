@@ -62,10 +62,9 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from .k2_recurrence import (BSIG_BYTES, GT_BYTES, HEAD_ROW_BYTES, SQ_BYTES, STAGES, TILE_BYTES, init_ring, mma_warps,
-                            produce_tiles, state_words_step, v_stride)
-from .mma_ops import (fma_rn, lds_b32, lds_bf16_f32, lds_f32, ldsm_x4, ldsm_x4_t, mma_bf16_16816,
-                      movmatrix_t, mul_rn, pack_bf16x2, round_bf16x2, select_b32, stg_f32_pair_from_bf16, sts_b32,
-                      sub_rn, unpack_bf16x2)
+                            produce_tiles, solve_u_fragment, state_words_step, v_stride)
+from .mma_ops import (fma_rn, lds_b32, lds_bf16_f32, lds_f32, ldsm_x4, ldsm_x4_t, mma_bf16_16816, pack_bf16x2,
+                      select_b32, stg_f32_pair_from_bf16, sts_b32, unpack_bf16x2)
 from .tile_ops import CHUNK, D, await_previous_grid
 
 OFF_KD, OFF_KR = 0, TILE_BYTES
@@ -226,27 +225,11 @@ def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, 
             u_frag = []
             x_frag = []
             for nb in cutlass.range_constexpr(NB):
-                u0, u1 = round_bf16x2(acc_u[nb][0], acc_u[nb][1])
-                u2, u3 = round_bf16x2(acc_u[nb][2], acc_u[nb][3])
-                vw0 = select_b32(ok0, lds_b32(v_a0 + 16 * nb), Int32(0))
-                vw1 = select_b32(ok1, lds_b32(v_a0 + 8 * VSTR + 16 * nb), Int32(0))
-                v0, v1 = unpack_bf16x2(vw0)
-                v2, v3 = unpack_bf16x2(vw1)
-                d0, d1 = round_bf16x2(sub_rn(v0, u0), sub_rn(v1, u1))
-                d2, d3 = round_bf16x2(sub_rn(v2, u2), sub_rn(v3, u3))
-                r_lo = pack_bf16x2(mul_rn(d0, bs0), mul_rn(d1, bs0))
-                r_hi = pack_bf16x2(mul_rn(d2, bs1), mul_rn(d3, bs1))
-                uu = mma_bf16_16816(a_inv, (movmatrix_t(r_lo), movmatrix_t(r_hi)), (zero, zero, zero, zero))
-                u_frag.append((movmatrix_t(pack_bf16x2(uu[0], uu[1])), movmatrix_t(pack_bf16x2(uu[2], uu[3]))))
-
-                x0, x1 = round_bf16x2(acc_x[nb][0], acc_x[nb][1])
-                x2, x3 = round_bf16x2(acc_x[nb][2], acc_x[nb][3])
-                e0, e1 = round_bf16x2(sub_rn(zero, x0), sub_rn(zero, x1))
-                e2, e3 = round_bf16x2(sub_rn(zero, x2), sub_rn(zero, x3))
-                rx_lo = pack_bf16x2(mul_rn(e0, bs0), mul_rn(e1, bs0))
-                rx_hi = pack_bf16x2(mul_rn(e2, bs1), mul_rn(e3, bs1))
-                ux = mma_bf16_16816(a_inv, (movmatrix_t(rx_lo), movmatrix_t(rx_hi)), (zero, zero, zero, zero))
-                x_frag.append((movmatrix_t(pack_bf16x2(ux[0], ux[1])), movmatrix_t(pack_bf16x2(ux[2], ux[3]))))
+                u_frag.append(solve_u_fragment(
+                    acc_u[nb], lambda: (select_b32(ok0, lds_b32(v_a0 + 16 * nb), Int32(0)),
+                                        select_b32(ok1, lds_b32(v_a0 + 8 * VSTR + 16 * nb), Int32(0))),
+                    bs0, bs1, a_inv, zero))
+                x_frag.append(solve_u_fragment(acc_x[nb], None, bs0, bs1, a_inv, zero))
 
             # -------- Q5: S^T = bf(fma(S^T, gamma, Kr^T U)); X^T = fma(X^T, gamma, Kr^T U_X) in fp32
             for mb in cutlass.range_constexpr(D // 16):

@@ -136,6 +136,27 @@ def produce_tiles(full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, ntil
                 bulk_g2s(sb + off_v + r * vstr, vrow + Int64(r) * row_step, v_bytes, fb)
 
 
+def solve_u_fragment(acc, v_words, bs0, bs1, a_inv, zero):
+    """Q2 + Q3 for one n-block, shared by K2 and pre_scan's two chains (spec 4.6 needs them
+    bit-identical): u = bf(acc), r = bf(bf(v - u) * bsig), U = bf(acc32(INV r)); returns U as the
+    B fragment of the next MMAs (movmatrix'd bf16 pairs). `v_words()` emits the reads of the two
+    packed v words (rows g and g + 8) where K2 has them; None is pre_scan's M-chain, v = 0."""
+    u0, u1 = round_bf16x2(acc[0], acc[1])
+    u2, u3 = round_bf16x2(acc[2], acc[3])
+    if v_words is None:
+        v0 = v1 = v2 = v3 = zero
+    else:
+        vw0, vw1 = v_words()
+        v0, v1 = unpack_bf16x2(vw0)
+        v2, v3 = unpack_bf16x2(vw1)
+    d0, d1 = round_bf16x2(sub_rn(v0, u0), sub_rn(v1, u1))
+    d2, d3 = round_bf16x2(sub_rn(v2, u2), sub_rn(v3, u3))
+    r_lo = pack_bf16x2(mul_rn(d0, bs0), mul_rn(d1, bs0))
+    r_hi = pack_bf16x2(mul_rn(d2, bs1), mul_rn(d3, bs1))
+    uu = mma_bf16_16816(a_inv, (movmatrix_t(r_lo), movmatrix_t(r_hi)), (zero, zero, zero, zero))
+    return movmatrix_t(pack_bf16x2(uu[0], uu[1])), movmatrix_t(pack_bf16x2(uu[2], uu[3]))
+
+
 def state_words_step(w0, w1, gam0, gam1, ds):
     """Q5 on one lane's two packed bf16 state words (rows g and g + 8 of an m-block):
     bf(fma(S, gamma, ds)) with fp32 math, shared by K2 and pre_scan's S-chain (spec 4.6 needs the
@@ -297,18 +318,10 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
             v_a0 = sb + OFF_V + g * VSTR + (w * NW + 2 * q) * 2
             u_frag = []
             for nb in cutlass.range_constexpr(NB):
-                u0, u1 = round_bf16x2(acc_u[nb][0], acc_u[nb][1])
-                u2, u3 = round_bf16x2(acc_u[nb][2], acc_u[nb][3])
-                vw0 = select_b32(ok0, lds_b32(v_a0 + 16 * nb), Int32(0))
-                vw1 = select_b32(ok1, lds_b32(v_a0 + 8 * VSTR + 16 * nb), Int32(0))
-                v0, v1 = unpack_bf16x2(vw0)
-                v2, v3 = unpack_bf16x2(vw1)
-                d0, d1 = round_bf16x2(sub_rn(v0, u0), sub_rn(v1, u1))
-                d2, d3 = round_bf16x2(sub_rn(v2, u2), sub_rn(v3, u3))
-                r_lo = pack_bf16x2(mul_rn(d0, bs0), mul_rn(d1, bs0))
-                r_hi = pack_bf16x2(mul_rn(d2, bs1), mul_rn(d3, bs1))
-                uu = mma_bf16_16816(a_inv, (movmatrix_t(r_lo), movmatrix_t(r_hi)), (zero, zero, zero, zero))
-                ub = (movmatrix_t(pack_bf16x2(uu[0], uu[1])), movmatrix_t(pack_bf16x2(uu[2], uu[3])))
+                ub = solve_u_fragment(
+                    acc_u[nb], lambda: (select_b32(ok0, lds_b32(v_a0 + 16 * nb), Int32(0)),
+                                        select_b32(ok1, lds_b32(v_a0 + 8 * VSTR + 16 * nb), Int32(0))),
+                    bs0, bs1, a_inv, zero)
                 u_frag.append(ub)
                 o2 = mma_bf16_16816(a_mqk, ub, (zero, zero, zero, zero))
                 o1r0, o1r1 = round_bf16x2(acc_o[nb][0], acc_o[nb][1])
