@@ -96,3 +96,16 @@ def test_prefill_kernels_wait_for_the_previous_grid_first(ptx_of, variant):
     accesses = [m.start() for m in re.finditer(r"\b(?:ld|st|atom|red)(?:\.\w+)*\.global\b|cp\.async\S*global", body)]
     assert not accesses or wait < min(accesses), f"{variant.name}: global access before griddepcontrol.wait"
     assert "griddepcontrol.launch_dependents" not in body  # no early trigger (tile_ops.await_previous_grid)
+
+
+def test_ptx_check_finds_identical_and_changed_kernels(tmp_path, capsys):
+    """The refactor check (build_kernels.ptx_check): a saved set compares identical, an edit is caught."""
+    from build_kernels import ptx_check
+
+    only = ["seq_tables_dense", "approx_ex2"]
+    assert ptx_check.main(["--save", str(tmp_path), "--only", *only]) == 0
+    assert ptx_check.main(["--compare", str(tmp_path), "--only", *only]) == 0
+    saved = tmp_path / "approx_ex2.ptx"
+    saved.write_text(saved.read_text().replace("ex2.approx", "ex2.approx.changed", 1))
+    assert ptx_check.main(["--compare", str(tmp_path), "--only", *only]) == 1
+    assert "differ: approx_ex2" in capsys.readouterr().out
