@@ -27,23 +27,23 @@ Shared memory (bytes):
   carry   2 x 16 rows x 132 words (8448 each): tf32 bit patterns of the current carry (A operand),
           double-buffered by step parity so the epilogue of step i never races step i's readers.
           Row stride 132 words: A-fragment reads (row g, col k0+q) hit bank 4g+q, conflict-free.
-  M ring  STAGES = NKB * RING stages x KB = 32 rows of M x 136 words (17408 each): k-block kb of
-          step i sits in stage (i % RING) * NKB + kb. RING = 1: 4 stages, 3 k-blocks in flight.
+  M ring  STAGES = NKB = 4 stages x KB = 32 rows of M x 136 words (17408 each): k-block kb of every
+          step sits in stage kb, 3 k-blocks in flight.
           Row stride 136: B-fragment reads (row k0+q, col n0+g) hit bank 8q+g, conflict-free.
-  B       RING x 16 rows x 136 words (8704 each): this CTA's rows of b_seg, slot i % RING for step i.
-  total   95232 B (93 KiB) with RING = 1 -> 2 CTAs per SM.
+  B       16 rows x 136 words (8704): this CTA's rows of b_seg for the step being computed.
+  total   95232 B (93 KiB) -> 2 CTAs per SM.
 
-Ring depth, measured (H200, docs/cp_tuning.md): a step takes ~1.75 us with RING = 1 and the same
-with RING = 2 (two whole M matrices, 7 k-blocks, in flight; 170 KiB), so the step is not waiting
-on the M stream; RING = 1 keeps the smaller footprint (H=4 [8192] CP 0.144 vs 0.159 ms per call).
+Ring depth, measured (H200, docs/cp_tuning.md): a step takes ~1.75 us with this ring and the same
+with two whole M matrices (7 k-blocks) in flight (170 KiB), so the step is not waiting on the M
+stream; the small ring keeps the smaller footprint (H=4 [8192] CP 0.144 vs 0.159 ms per call).
 
 Pipeline (cp.async.cg 16-byte copies issued by all threads, one commit group per k-block):
-the k-blocks of all steps form one stream it = step * NKB + kb, stage it % STAGES. Iteration it:
+the k-blocks of all steps form one stream it = step * NKB + kb, stage it % STAGES = kb. Iteration it:
 wait_group(STAGES - 2) (own copies of k-block it landed), bar.sync (everyone's copies landed;
 everyone finished k-block it - 1, so its stage is free), issue k-block it + STAGES - 1 (M of later
 steps streams in while this one computes), commit, compute k-block it. The B rows of a step travel
-in the group of its k-block 0; that group is issued during k-block 1 of step i - RING, after the
-barrier that follows every read of slot (i % RING) by step i - RING. The carry written by the
+in the group of its k-block 0; that group is issued during k-block 1 of step i - 1, after the
+barrier that follows every read of the B buffer by step i - 1. The carry written by the
 epilogue of step i is published by the barrier of step i + 1's first k-block. Copies past the last
 step are not issued (their groups are empty), so nothing is in flight at exit.
 
@@ -56,13 +56,16 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass.cutlass_dsl import T, dsl_user_op
+from .mma_ops import lds_b32, lds_f32
 from .tile_ops import D, _asm, _ir, await_previous_grid  # the shared inline-PTX wrappers
 
 ROWS = 16  # carry rows (value rows) per CTA: one m16 tile
-WARPS = 8  # MMA warps per CTA (a compile-time constant), each owning D / WARPS output columns
+WARPS = 8  # MMA warps per CTA, each owning WARP_COLS output columns
+THREADS = 32 * WARPS
+WARP_COLS = D // WARPS
 KB = 32  # rows of M per pipeline stage (k-block)
 NKB = D // KB
-RING = 1  # whole M matrices (and B row blocks) the ring holds; 2 measured no faster (see below)
+STAGES = NKB  # one whole M: stage kb holds k-block kb of every step
 
 C_STRIDE = D + 4  # words per carry row in smem
 M_STRIDE = D + 8  # words per M / B row in smem
@@ -81,16 +84,6 @@ def cp_async_16(saddr: Int32, gaddr: Int64, *, loc=None, ip=None) -> None:
     """16-byte global -> shared copy, L2 only (cp.async.cg)."""
     _asm(None, [_ir(saddr, Int32, loc, ip), _ir(gaddr, Int64, loc, ip)],
          "cp.async.cg.shared.global [$0], [$1], 16;", "r,l", True, loc, ip)
-
-
-@dsl_user_op
-def lds_b32(saddr: Int32, *, loc=None, ip=None) -> Int32:
-    return Int32(_asm([T.i32()], [_ir(saddr, Int32, loc, ip)], "ld.shared.b32 $0, [$1];", "=r,r", True, loc, ip))
-
-
-@dsl_user_op
-def lds_f32(saddr: Int32, *, loc=None, ip=None) -> Float32:
-    return Float32(_asm([T.f32()], [_ir(saddr, Int32, loc, ip)], "ld.shared.f32 $0, [$1];", "=f,r", True, loc, ip))
 
 
 @dsl_user_op
@@ -172,22 +165,21 @@ def _mat_base(s, h64, H64):
     return (Int64(s) * H64 + h64) * MAT
 
 
-def _issue(ctx, step, kb: int, ring: int, warps: int):
+def _issue(ctx, step, kb: int):
     """cp.async of k-block kb of M[first + step] into its stage (+ the CTA's B rows when kb == 0).
 
-    Each thread copies 16-byte chunks tidx + 32 warps j: row (chunk >> 5), column chunk (chunk & 31), so a
+    Each thread copies 16-byte chunks tidx + THREADS j: row (chunk >> 5), column chunk (chunk & 31), so a
     warp reads one contiguous 512-byte row per instruction."""
     m_ptr, b_ptr, m_base, b_base, h64, H64, first, row0, cp_goff, cp_soff = ctx
     mb = _mat_base(first + step, h64, H64)
-    slot = step % ring
-    stage = m_base + (slot * NKB + kb) * STAGE_BYTES
+    stage = m_base + kb * STAGE_BYTES
     gm = m_ptr + (mb + Int64(kb * KB * D) + cp_goff) * 4
-    for j in range(KB // warps):
-        cp_async_16(stage + cp_soff + j * (warps * M_STRIDE * 4), gm + Int64(j * warps * D * 4))
+    for j in range(KB // WARPS):
+        cp_async_16(stage + cp_soff + j * (WARPS * M_STRIDE * 4), gm + Int64(j * WARPS * D * 4))
     if kb == 0:
         gb = b_ptr + (mb + Int64(row0 * D) + cp_goff) * 4
-        for j in range(ROWS // warps):
-            cp_async_16(b_base + slot * B_BYTES + cp_soff + j * (warps * M_STRIDE * 4), gb + Int64(j * warps * D * 4))
+        for j in range(ROWS // WARPS):
+            cp_async_16(b_base + cp_soff + j * (WARPS * M_STRIDE * 4), gb + Int64(j * WARPS * D * 4))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -196,11 +188,7 @@ def _issue(ctx, step, kb: int, ring: int, warps: int):
 @cute.kernel
 def _cp_merge_kernel(m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int64, mFirst: cute.Tensor,
                      mCount: cute.Tensor, n_heads: Int32,
-                     has_initial: cutlass.Constexpr[bool], state_fp32: cutlass.Constexpr[bool],
-                     ring: cutlass.Constexpr[int], warps: cutlass.Constexpr[int]):
-    STAGES = NKB * ring
-    THREADS = 32 * warps
-    WARP_COLS = D // warps
+                     has_initial: cutlass.Constexpr[bool], state_fp32: cutlass.Constexpr[bool]):
     rb, n, h = cute.arch.block_idx()
     tidx, _, _ = cute.arch.thread_idx()
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -210,7 +198,7 @@ def _cp_merge_kernel(m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int
 
     smem = cutlass.memory.SmemAllocator()
     s_m = smem.allocate(STAGES * STAGE_BYTES, byte_alignment=128)
-    s_b = smem.allocate(ring * B_BYTES, byte_alignment=128)
+    s_b = smem.allocate(B_BYTES, byte_alignment=128)
     s_c = smem.allocate(2 * CARRY_BYTES, byte_alignment=128)
     m_base = s_m.toint()
     b_base = s_b.toint()
@@ -232,7 +220,7 @@ def _cp_merge_kernel(m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int
 
     for p in cutlass.range_constexpr(STAGES - 1):
         if p // NKB < nsteps:
-            _issue(ctx, p // NKB, p % NKB, ring, warps)
+            _issue(ctx, p // NKB, p % NKB)
         cute.arch.cp_async_commit_group()
 
     # -------- carry[first] = widened initial state (or 0): global fp32 copy + tf32 A operand in smem
@@ -265,24 +253,23 @@ def _cp_merge_kernel(m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int
     for step in cutlass.range(nsteps, unroll=1):
         c_rd = c_base + (step & 1) * CARRY_BYTES
         c_wr = c_base + ((step + 1) & 1) * CARRY_BYTES
-        slot = step % ring
         acc = []
         for kb in cutlass.range_constexpr(NKB):
             cute.arch.cp_async_wait_group(STAGES - 2)
             cute.arch.barrier()
             ahead = kb + STAGES - 1
             if step + ahead // NKB < nsteps:
-                _issue(ctx, step + ahead // NKB, ahead % NKB, ring, warps)
+                _issue(ctx, step + ahead // NKB, ahead % NKB)
             cute.arch.cp_async_commit_group()
 
             if cutlass.const_expr(kb == 0):
                 for nt in cutlass.range_constexpr(WARP_COLS // 8):
-                    bb = b_base + slot * B_BYTES + acc_off + nt * 32
+                    bb = b_base + acc_off + nt * 32
                     c0, c1 = lds_v2_f32(bb)
                     c2, c3 = lds_v2_f32(bb + 8 * M_STRIDE * 4)
                     acc.append([c0, c1, c2, c3])
 
-            stage = m_base + (slot * NKB + kb) * STAGE_BYTES
+            stage = m_base + kb * STAGE_BYTES
             for ks in cutlass.range_constexpr(KB // 8):
                 ka = c_rd + a_off + (kb * KB + ks * 8) * 4
                 a = (lds_b32(ka), lds_b32(ka + 8 * C_STRIDE * 4), lds_b32(ka + 16), lds_b32(ka + 8 * C_STRIDE * 4 + 16))
@@ -306,12 +293,11 @@ def _cp_merge_kernel(m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int
 @cute.jit
 def cp_merge(m_seg: cute.Pointer, b_seg: cute.Pointer, initial_state: cute.Pointer, carries: cute.Pointer,
              seg_first: cute.Pointer, seg_count: cute.Pointer, n_seq: Int32, n_heads: Int32,
-             stream: cuda.CUstream, has_initial: cutlass.Constexpr[bool], state_fp32: cutlass.Constexpr[bool],
-             ring: cutlass.Constexpr[int] = RING, warps: cutlass.Constexpr[int] = WARPS):
+             stream: cuda.CUstream, has_initial: cutlass.Constexpr[bool], state_fp32: cutlass.Constexpr[bool]):
     """m_seg, b_seg, carries fp32 [n_seg, H, 128, 128]; initial_state [n_seq, H, 128, 128] (V x K) in
     bf16 or fp32 (unused when has_initial=False); seg_first / seg_count int32 [n_seq]. n_seq >= 1."""
     table = cute.make_layout(n_seq)
     _cp_merge_kernel(m_seg.toint(), b_seg.toint(), initial_state.toint(), carries.toint(),
                      cute.make_tensor(seg_first, table), cute.make_tensor(seg_count, table), n_heads,
-                     has_initial, state_fp32, ring, warps).launch(
-        grid=(D // ROWS, n_seq, n_heads), block=(32 * warps, 1, 1), stream=stream, use_pdl=True)
+                     has_initial, state_fp32).launch(
+        grid=(D // ROWS, n_seq, n_heads), block=(THREADS, 1, 1), stream=stream, use_pdl=True)
