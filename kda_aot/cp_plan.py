@@ -21,6 +21,8 @@ import operator
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple, Union
 
+from .validation import parse_cp
+
 CHUNK = 16  # tokens per tile
 DEFAULT_SM_COUNT = 132  # H100 SXM / H200
 AUTO_MIN_SEG_TILES = 32  # shortest segment split_balanced makes (512 tokens)
@@ -151,23 +153,8 @@ def _check_positive(name: str, value) -> int:
 
 
 def _check_mode(mode) -> CpMode:
-    if mode is None:
-        return "off"
-    if mode is True or mode is False or isinstance(mode, bool):
-        suggestion = '"on"' if mode else '"off"'
-        raise ValueError(f"mode: booleans are ambiguous, got {mode!r}; pass {suggestion} instead")
-    if isinstance(mode, str):
-        if mode in ("off", "auto", "on"):
-            return mode
-        raise ValueError(f'mode: expected "off", "auto", "on" or an int >= 1, got {mode!r}')
-    try:
-        v = operator.index(mode)
-    except TypeError:
-        raise ValueError(f'mode: expected "off", "auto", "on" or an int >= 1, '
-                         f"got {mode!r} ({type(mode).__name__})") from None
-    if v < 1:
-        raise ValueError(f"mode: a segment count per sequence must be >= 1, got {v}")
-    return int(v)
+    """prefill's cp argument rules (validation.parse_cp), with None meaning "off"."""
+    return "off" if mode is None else parse_cp(mode, "mode")
 
 
 # ------------------------------------------------------------------------------------------------

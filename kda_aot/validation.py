@@ -302,20 +302,21 @@ def _check_scale(scale) -> float:
     return sc
 
 
-def parse_cp(cp) -> CpMode:
-    """"off" | "auto" | "on" | segments per sequence (int >= 1); anything else is a ValueError."""
+def parse_cp(cp, name: str = "cp") -> CpMode:
+    """"off" | "auto" | "on" | segments per sequence (int >= 1); anything else is a ValueError
+    naming the argument (`name`: "cp" for prefill, "mode" for plan_prefill)."""
     if cp is True or cp is False:
         suggestion = '"on"' if cp else '"off"'
-        raise ValueError(f"cp: booleans are ambiguous, got {cp!r}; pass {suggestion} instead")
+        raise ValueError(f"{name}: booleans are ambiguous, got {cp!r}; pass {suggestion} instead")
     if isinstance(cp, str):
         if cp in _CP_MODES:
             return cp
-        raise ValueError(f"cp: expected \"off\", \"auto\", \"on\" or an int >= 1, got {cp!r}")
+        raise ValueError(f"{name}: expected \"off\", \"auto\", \"on\" or an int >= 1, got {cp!r}")
     if isinstance(cp, numbers.Integral) and not isinstance(cp, bool):
         if int(cp) >= 1:
             return int(cp)
-        raise ValueError(f"cp: a segment count must be >= 1, got {int(cp)}")
-    raise ValueError(f"cp: expected \"off\", \"auto\", \"on\" or an int >= 1, "
+        raise ValueError(f"{name}: a segment count per sequence must be >= 1, got {int(cp)}")
+    raise ValueError(f"{name}: expected \"off\", \"auto\", \"on\" or an int >= 1, "
                      f"got {cp!r} ({type(cp).__name__})")
 
 
