@@ -390,6 +390,20 @@ def chunked_prefill(q, k, v, g, beta, A_log, dt_bias, lower_bound, scale=None,
 
 
 # ------------------------------------------------------------------------------------------------
+# Workspace layouts the tests need to read or write directly
+
+
+def m_seg_swizzle(m: torch.Tensor) -> torch.Tensor:
+    """[..., 128, 128] M_j matrices <-> the column-swizzled layout pre_scan writes and the merge reads
+    (docs/kernel_abi.md): row r keeps column c at c ^ 8 (r & 3). XOR is its own inverse, so the same
+    gather converts both ways."""
+    r = torch.arange(D, device=m.device).unsqueeze(1)
+    c = torch.arange(D, device=m.device).unsqueeze(0)
+    idx = (c ^ (8 * (r & 3))).expand(*m.shape)
+    return m.gather(-1, idx.contiguous())
+
+
+# ------------------------------------------------------------------------------------------------
 # Metrics and inputs
 
 

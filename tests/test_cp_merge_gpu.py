@@ -76,9 +76,10 @@ def _launch(name, p, n_heads, carries):
     import torch
 
     from kda_aot.loader import get_library
+    from kda_aot.reference import m_seg_swizzle
 
     dev = carries.device
-    m = p["m"].to(dev)
+    m = m_seg_swizzle(p["m"].to(dev))  # the kernel reads m_seg column-swizzled
     b = p["b"].to(dev)
     init = p["init"].to(dev) if p["init"] is not None else None
     first = torch.tensor(p["first"], dtype=torch.int32, device=dev)

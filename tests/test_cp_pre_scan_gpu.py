@@ -105,7 +105,9 @@ class _Problem:
             p["tile_prefix"], self.scan_t.data_ptr(), b.data_ptr(), m.data_ptr(), len(self.scan), self.H, self.cap,
             self.stream)
         torch.cuda.synchronize()
-        return b, m
+        from kda_aot.reference import m_seg_swizzle
+
+        return b, m_seg_swizzle(m)  # pre_scan writes m_seg column-swizzled; the tests read M_j
 
     def k2(self, name, seq_start, tile_prefix, n_seq, initial=None):
         """K2 variant `name` over the given (device) tables; returns the fp32 final states."""

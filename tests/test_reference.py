@@ -330,3 +330,25 @@ def test_bad_arguments_raise():
     v = _inputs("varlen", None)
     with pytest.raises(ValueError):
         chunked_prefill(**dict(v, cu_seqlens=torch.tensor([0, 50, 88], dtype=torch.int32)))
+
+
+def test_m_seg_swizzle_is_an_involution_and_conflict_free():
+    """The m_seg layout of docs/kernel_abi.md: element (r, c) at column c ^ 8 (r & 3). The merge reads
+    B fragments of an unpadded 128-word-row copy: lane (g, q) loads rows k0 + q and k0 + q + 4,
+    logical column n0 + g; the 32 lanes must hit 32 distinct banks for every k-step and n-tile."""
+    m = torch.randn(2, 3, R.D, R.D)
+    s = R.m_seg_swizzle(m)
+    assert torch.equal(R.m_seg_swizzle(s), m)
+    assert not torch.equal(s, m)
+    for r in (0, 1, 2, 3, 77):
+        for c in (0, 5, 8, 31, 127):
+            assert s[1, 2, r, c ^ (8 * (r & 3))] == m[1, 2, r, c]
+    pos = torch.arange(R.D * R.D).view(R.D, R.D).float()
+    where = R.m_seg_swizzle(pos)  # physical position -> logical element; invert it
+    phys = torch.empty(R.D * R.D, dtype=torch.long)
+    phys[where.flatten().long()] = torch.arange(R.D * R.D)
+    for k0 in range(0, R.D, 8):
+        for n0 in range(0, R.D, 8):
+            for dk in (0, 4):
+                banks = {int(phys[(k0 + q + dk) * R.D + n0 + g]) % 32 for g in range(8) for q in range(4)}
+                assert len(banks) == 32, (k0, n0, dk)

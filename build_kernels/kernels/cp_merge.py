@@ -11,41 +11,41 @@ K x K. Every carry[first + i], i = 0 .. count-1, is written (the first too): seg
 them as its initial states.
 
 Grid (128 // ROWS, n_seq, n_heads), 32 * WARPS threads (WARPS = 8). Rows of the carry are
-independent, so CTA (rb, n, h) owns value rows [rb*ROWS, rb*ROWS + ROWS), ROWS = 16 (one m16 MMA tile;
-H=4 with one sequence gives 32 CTAs). Per step the CTA computes acc(16x128) = carry(16x128) @
-M(128x128) + B rows with warp-level TF32 tensor-core MMA (mma.sync.m16n8k8.row.col.f32.tf32.tf32.f32):
-warp w owns output columns [16w, 16w + 16) = 2 n-tiles of 8, 16 k-steps of 8 each, accumulator
-initialised with B.
+independent, so CTA (rb, n, h) owns value rows [rb*ROWS, rb*ROWS + ROWS), ROWS = 16 (one m16 MMA
+tile; H=4 with one sequence gives 32 CTAs). Per step the CTA computes acc(16 x 128) = carry @ M +
+B rows with warp-level TF32 tensor-core MMA (mma.sync.m16n8k8.row.col.f32.tf32.tf32.f32): warp w
+owns output columns [16w, 16w + 16) = 2 n-tiles of 8, 16 k-steps of 8, accumulator initialised
+with B. Operands are rounded fp32 -> tf32 with cvt.rna.tf32.f32 (M when read from shared memory;
+the carry once, when it is stored as the next step's A operand). Accumulation is fp32 in a fixed
+k order, no atomics: bitwise deterministic.
 
-Warps, measured (H200, docs/cp_tuning.md): the step chain is latency-bound (Nsight Compute: one warp
-per scheduler issued every ~4 cycles, SM throughput 16 %); 4 / 8 / 16 warps gave 27.4 / 24.0 / 26.8
-us for H=8 [8192] (15 steps), so 8. Operands are rounded fp32 -> tf32 with cvt.rna.tf32.f32 (M when read from shared memory; the
-carry once, when it is stored as the next step's A operand). Accumulation is fp32 in a fixed k
-order, no atomics: bitwise deterministic.
+m_seg's columns are swizzled (m_seg_column: element (r, c) sits at column c ^ 8 (r & 3) of row r),
+which pre_scan writes and this kernel reads; b_seg and the carries are plain row-major.
+
+What bounds a step, measured on the H200 (H=8 [8192], 15 steps; docs/cp_tuning.md): streaming
+M with 16-byte cp.async (in 4 k-blocks with a barrier each, or whole matrices double-buffered
+with one barrier per step) took 24.4 us; the same kernel without any M copy after the first
+step 16.6 us; one contiguous 64 KiB bulk copy per step 15.8 us; 512-byte bulk copies per row
+(144 per step) 75 us. So M arrives as one bulk copy per step, which needs unpadded rows, and the
+swizzle keeps the B-fragment reads conflict-free without padding. Splitting the 16-long MMA chain
+into two interleaved accumulators, or 32 carry rows per CTA, did not shorten a step.
 
 Shared memory (bytes):
+  M       2 x 65536: M of the step being computed and of the next one, rows unpadded, swizzled.
+  B       2 x 16 rows x 136 words (8704 each): this CTA's rows of b_seg (cp.async, padded rows:
+          C-fragment reads (row g, cols n0+2q..) conflict-free).
   carry   2 x 16 rows x 132 words (8448 each): tf32 bit patterns of the current carry (A operand),
           double-buffered by step parity so the epilogue of step i never races step i's readers.
           Row stride 132 words: A-fragment reads (row g, col k0+q) hit bank 4g+q, conflict-free.
-  M ring  STAGES = NKB = 4 stages x KB = 32 rows of M x 136 words (17408 each): k-block kb of every
-          step sits in stage kb, 3 k-blocks in flight.
-          Row stride 136: B-fragment reads (row k0+q, col n0+g) hit bank 8q+g, conflict-free.
-  B       16 rows x 136 words (8704): this CTA's rows of b_seg for the step being computed.
-  total   95232 B (93 KiB) -> 2 CTAs per SM.
+  full    2 mbarriers, one per M buffer: 1 arrival + 65536 transaction bytes per step.
+  total   165 KiB -> 1 CTA per SM.
 
-Ring depth, measured (H200, docs/cp_tuning.md): a step takes ~1.75 us with this ring and the same
-with two whole M matrices (7 k-blocks) in flight (170 KiB), so the step is not waiting on the M
-stream; the small ring keeps the smaller footprint (H=4 [8192] CP 0.144 vs 0.159 ms per call).
-
-Pipeline (cp.async.cg 16-byte copies issued by all threads, one commit group per k-block):
-the k-blocks of all steps form one stream it = step * NKB + kb, stage it % STAGES = kb. Iteration it:
-wait_group(STAGES - 2) (own copies of k-block it landed), bar.sync (everyone's copies landed;
-everyone finished k-block it - 1, so its stage is free), issue k-block it + STAGES - 1 (M of later
-steps streams in while this one computes), commit, compute k-block it. The B rows of a step travel
-in the group of its k-block 0; that group is issued during k-block 1 of step i - 1, after the
-barrier that follows every read of the B buffer by step i - 1. The carry written by the
-epilogue of step i is published by the barrier of step i + 1's first k-block. Copies past the last
-step are not issued (their groups are empty), so nothing is in flight at exit.
+Pipeline: before the carry initialisation, step 0's copies are issued (one elected lane of warp 0
+arms full[0] and issues M; every thread issues its two 16-byte chunks of the B rows, one commit
+group). Step i: cp.async.wait_group 0 and bar.sync (everyone's B chunks of step i landed, step
+i - 1's epilogue wrote the carry, and buffers (i + 1) & 1 are no longer read), issue step i + 1
+into buffers (i + 1) & 1, wait full[i & 1] at parity (i >> 1) & 1, compute. Copies past the last
+step are not issued, so nothing is in flight at exit.
 
 Programmatic dependent launch: the kernel is launched with use_pdl and waits for the previous grid
 (pre_scan) before touching global memory, so its launch and set-up overlap pre_scan's tail.
@@ -56,23 +56,31 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass.cutlass_dsl import T, dsl_user_op
-from .mma_ops import lds_b32, lds_f32
+from .mma_ops import bulk_g2s, lds_b32, lds_f32
 from .tile_ops import D, _asm, _ir, await_previous_grid  # the shared inline-PTX wrappers
 
 ROWS = 16  # carry rows (value rows) per CTA: one m16 tile
 WARPS = 8  # MMA warps per CTA, each owning WARP_COLS output columns
 THREADS = 32 * WARPS
 WARP_COLS = D // WARPS
-KB = 32  # rows of M per pipeline stage (k-block)
-NKB = D // KB
-STAGES = NKB  # one whole M: stage kb holds k-block kb of every step
+KSTEPS = D // 8  # m16n8k8 k-steps per step
 
 C_STRIDE = D + 4  # words per carry row in smem
-M_STRIDE = D + 8  # words per M / B row in smem
-CARRY_BYTES = ROWS * C_STRIDE * 4
-STAGE_BYTES = KB * M_STRIDE * 4
-B_BYTES = ROWS * M_STRIDE * 4
+B_STRIDE = D + 8  # words per B row in smem
+ROW_BYTES = D * 4  # one fp32 row of M, B or a carry in global memory
 MAT = D * D  # elements per (segment, head) matrix
+M_BYTES = MAT * 4  # one M, unpadded (its columns are swizzled instead, see m_seg_column)
+B_BYTES = ROWS * B_STRIDE * 4
+CARRY_BYTES = ROWS * C_STRIDE * 4
+
+
+def m_seg_column(row, col):
+    """Where m_seg keeps element (row, col) of M_j inside its row: col ^ 8 (row & 3) (docs/kernel_abi.md).
+
+    pre_scan writes M this way so that the merge can load a whole M with one contiguous bulk copy
+    (no row padding) and still read its B fragments (rows k0 + q and k0 + q + 4, column n0 + g)
+    without bank conflicts: lane (g, q) hits bank ((n0 ^ 8 q) + g) mod 32, 32 distinct banks."""
+    return col ^ (8 * (row & 3))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -165,21 +173,22 @@ def _mat_base(s, h64, H64):
     return (Int64(s) * H64 + h64) * MAT
 
 
-def _issue(ctx, step, kb: int):
-    """cp.async of k-block kb of M[first + step] into its stage (+ the CTA's B rows when kb == 0).
-
-    Each thread copies 16-byte chunks tidx + THREADS j: row (chunk >> 5), column chunk (chunk & 31), so a
-    warp reads one contiguous 512-byte row per instruction."""
-    m_ptr, b_ptr, m_base, b_base, h64, H64, first, row0, cp_goff, cp_soff = ctx
+@cute.jit
+def _issue_step(ctx: tuple, step: Int32, buf: Int32, warp: Int32, tidx: Int32):
+    """Copies of step `step` into buffer buf: the whole M[first + step] as one 64 KiB bulk copy on
+    full[buf] (one elected lane of warp 0), and this CTA's B rows by every thread with 16-byte
+    cp.async (chunk c = tidx + THREADS j: row c >> 5, column chunk c & 31) into padded rows."""
+    m_ptr, b_ptr, m_base, b_base, full, h64, H64, first, row0 = ctx
     mb = _mat_base(first + step, h64, H64)
-    stage = m_base + kb * STAGE_BYTES
-    gm = m_ptr + (mb + Int64(kb * KB * D) + cp_goff) * 4
-    for j in range(KB // WARPS):
-        cp_async_16(stage + cp_soff + j * (WARPS * M_STRIDE * 4), gm + Int64(j * WARPS * D * 4))
-    if kb == 0:
-        gb = b_ptr + (mb + Int64(row0 * D) + cp_goff) * 4
-        for j in range(ROWS // WARPS):
-            cp_async_16(b_base + cp_soff + j * (WARPS * M_STRIDE * 4), gb + Int64(j * WARPS * D * 4))
+    if warp == 0:
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(full + buf, M_BYTES)
+            bulk_g2s(m_base + buf * M_BYTES, m_ptr + mb * 4, M_BYTES, (full + buf).toint())
+    row = tidx >> 5
+    gb = b_ptr + (mb + Int64((row0 + row) * D + (tidx & 31) * 4)) * 4
+    sb = b_base + buf * B_BYTES + row * (B_STRIDE * 4) + (tidx & 31) * 16
+    for j in cutlass.range_constexpr(ROWS // WARPS):
+        cp_async_16(sb + j * (WARPS * B_STRIDE * 4), gb + Int64(j * WARPS * ROW_BYTES))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -197,12 +206,19 @@ def _cp_merge_kernel(m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int
     q = lane & 3
 
     smem = cutlass.memory.SmemAllocator()
-    s_m = smem.allocate(STAGES * STAGE_BYTES, byte_alignment=128)
-    s_b = smem.allocate(B_BYTES, byte_alignment=128)
+    s_m = smem.allocate(2 * M_BYTES, byte_alignment=128)
+    s_b = smem.allocate(2 * B_BYTES, byte_alignment=128)
     s_c = smem.allocate(2 * CARRY_BYTES, byte_alignment=128)
+    full = smem.allocate_array(Int64, 2, byte_alignment=8)
     m_base = s_m.toint()
     b_base = s_b.toint()
     c_base = s_c.toint()
+    if warp == 0:
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_init(full, 1)
+            cute.arch.mbarrier_init(full + 1, 1)
+            cute.arch.mbarrier_init_fence()
+    cute.arch.barrier()
 
     await_previous_grid()  # pre_scan's m_seg / b_seg are complete and visible
     first = mFirst[n]
@@ -211,17 +227,11 @@ def _cp_merge_kernel(m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int
     h64 = Int64(h)
     H64 = Int64(n_heads)
     row0 = rb * ROWS  # first value row of this CTA
+    ctx = (m_ptr, b_ptr, m_base, b_base, full, h64, H64, first, row0)
 
-    cp_row = tidx >> 5  # producer share: chunk c = tidx + THREADS j -> row (c >> 5), 16-byte chunk (c & 31)
-    cp_chk = tidx & 31
-    cp_goff = Int64(cp_row * D + cp_chk * 4)
-    cp_soff = cp_row * (M_STRIDE * 4) + cp_chk * 16
-    ctx = (m_ptr, b_ptr, m_base, b_base, h64, H64, first, row0, cp_goff, cp_soff)
-
-    for p in cutlass.range_constexpr(STAGES - 1):
-        if p // NKB < nsteps:
-            _issue(ctx, p // NKB, p % NKB)
-        cute.arch.cp_async_commit_group()
+    if nsteps > 0:
+        _issue_step(ctx, Int32(0), Int32(0), warp, tidx)
+    cute.arch.cp_async_commit_group()
 
     # -------- carry[first] = widened initial state (or 0): global fp32 copy + tf32 A operand in smem
     if count > 0:
@@ -245,38 +255,38 @@ def _cp_merge_kernel(m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int
     # -------- the steps
     n0w = warp * WARP_COLS  # first output column of this warp
     a_off = (g * C_STRIDE + q) * 4  # A fragment (row g, col q) inside the carry buffer
-    bm_off = (q * M_STRIDE + n0w + g) * 4  # B fragment (k q, n n0w + g) inside a stage
-    acc_off = (g * M_STRIDE + n0w + 2 * q) * 4  # C fragment (row g, cols 2q..) inside the B buffer
+    # B fragment (k q, n n0w + 8 nt + g) inside an M buffer; rows k0 + q and k0 + q + 4 (k0 = 8 ks)
+    # share the swizzle term 8 q, so the offsets below only move by whole rows
+    bm_off = [(q * D + m_seg_column(q, n0w + 8 * nt) + g) * 4 for nt in range(WARP_COLS // 8)]
+    acc_off = (g * B_STRIDE + n0w + 2 * q) * 4  # C fragment (row g, cols 2q..) inside a B buffer
     cw_off = (g * C_STRIDE + n0w + 2 * q) * 4  # same position inside a carry buffer
     out_off = Int64((row0 + g) * D + n0w + 2 * q)  # same position inside a global carry matrix
-
     for step in cutlass.range(nsteps, unroll=1):
-        c_rd = c_base + (step & 1) * CARRY_BYTES
-        c_wr = c_base + ((step + 1) & 1) * CARRY_BYTES
+        buf = step & 1
+        c_rd = c_base + buf * CARRY_BYTES
+        c_wr = c_base + (buf ^ 1) * CARRY_BYTES
+        cute.arch.cp_async_wait_group(0)  # this thread's B chunks of this step landed
+        cute.arch.barrier()  # everyone's did; carry of step - 1 published; buffers buf ^ 1 free
+        if step + 1 < nsteps:
+            _issue_step(ctx, step + 1, buf ^ 1, warp, tidx)
+        cute.arch.cp_async_commit_group()
+        cute.arch.mbarrier_wait(full + buf, (step >> 1) & 1)  # M of this step landed
+        mbuf = m_base + buf * M_BYTES
+        bbuf = b_base + buf * B_BYTES + acc_off
+
         acc = []
-        for kb in cutlass.range_constexpr(NKB):
-            cute.arch.cp_async_wait_group(STAGES - 2)
-            cute.arch.barrier()
-            ahead = kb + STAGES - 1
-            if step + ahead // NKB < nsteps:
-                _issue(ctx, step + ahead // NKB, ahead % NKB)
-            cute.arch.cp_async_commit_group()
+        for nt in cutlass.range_constexpr(WARP_COLS // 8):
+            c0, c1 = lds_v2_f32(bbuf + nt * 32)
+            c2, c3 = lds_v2_f32(bbuf + nt * 32 + 8 * B_STRIDE * 4)
+            acc.append([c0, c1, c2, c3])
 
-            if cutlass.const_expr(kb == 0):
-                for nt in cutlass.range_constexpr(WARP_COLS // 8):
-                    bb = b_base + acc_off + nt * 32
-                    c0, c1 = lds_v2_f32(bb)
-                    c2, c3 = lds_v2_f32(bb + 8 * M_STRIDE * 4)
-                    acc.append([c0, c1, c2, c3])
-
-            stage = m_base + kb * STAGE_BYTES
-            for ks in cutlass.range_constexpr(KB // 8):
-                ka = c_rd + a_off + (kb * KB + ks * 8) * 4
-                a = (lds_b32(ka), lds_b32(ka + 8 * C_STRIDE * 4), lds_b32(ka + 16), lds_b32(ka + 8 * C_STRIDE * 4 + 16))
-                kbm = stage + bm_off + ks * 8 * M_STRIDE * 4
-                for nt in cutlass.range_constexpr(WARP_COLS // 8):
-                    bfrag = (to_tf32(lds_f32(kbm + nt * 32)), to_tf32(lds_f32(kbm + nt * 32 + 4 * M_STRIDE * 4)))
-                    acc[nt] = mma_tf32_1688(a, bfrag, acc[nt])
+        for ks in cutlass.range_constexpr(KSTEPS):
+            ka = c_rd + a_off + ks * 32
+            a = (lds_b32(ka), lds_b32(ka + 8 * C_STRIDE * 4), lds_b32(ka + 16), lds_b32(ka + 8 * C_STRIDE * 4 + 16))
+            for nt in cutlass.range_constexpr(WARP_COLS // 8):
+                kbm = mbuf + bm_off[nt] + ks * (8 * ROW_BYTES)
+                bfrag = (to_tf32(lds_f32(kbm)), to_tf32(lds_f32(kbm + 4 * ROW_BYTES)))
+                acc[nt] = mma_tf32_1688(a, bfrag, acc[nt])
 
         # -------- epilogue: carry[first + step + 1] to global (fp32) and as the next A operand (tf32)
         gout = carry_ptr + (_mat_base(first + step + 1, h64, H64) + out_off) * 4
@@ -287,15 +297,14 @@ def _cp_merge_kernel(m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int
             sts_v2_b32(c_wr + cw_off + nt * 32, to_tf32(v[0]), to_tf32(v[1]))
             sts_v2_b32(c_wr + cw_off + nt * 32 + 8 * C_STRIDE * 4, to_tf32(v[2]), to_tf32(v[3]))
 
-    cute.arch.cp_async_wait_group(0)
-
 
 @cute.jit
 def cp_merge(m_seg: cute.Pointer, b_seg: cute.Pointer, initial_state: cute.Pointer, carries: cute.Pointer,
              seg_first: cute.Pointer, seg_count: cute.Pointer, n_seq: Int32, n_heads: Int32,
              stream: cuda.CUstream, has_initial: cutlass.Constexpr[bool], state_fp32: cutlass.Constexpr[bool]):
-    """m_seg, b_seg, carries fp32 [n_seg, H, 128, 128]; initial_state [n_seq, H, 128, 128] (V x K) in
-    bf16 or fp32 (unused when has_initial=False); seg_first / seg_count int32 [n_seq]. n_seq >= 1."""
+    """m_seg (columns swizzled, m_seg_column), b_seg, carries fp32 [n_seg, H, 128, 128]; initial_state
+    [n_seq, H, 128, 128] (V x K) in bf16 or fp32 (unused when has_initial=False); seg_first /
+    seg_count int32 [n_seq]. n_seq >= 1."""
     table = cute.make_layout(n_seq)
     _cp_merge_kernel(m_seg.toint(), b_seg.toint(), initial_state.toint(), carries.toint(),
                      cute.make_tensor(seg_first, table), cute.make_tensor(seg_count, table), n_heads,

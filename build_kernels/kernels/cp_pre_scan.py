@@ -33,7 +33,9 @@ S_end = S_start (A_{c_1} ... A_{c_n}) + B_j, so m_seg[j, h] must hold M_j = X_en
 m_seg[j, h, a, b] = M_j[a, b] = X_end[a, b] = X^T_end[b, a]: row a = the X row ("value" index owned
 by the CTA/warp), column b = key index, the same [row = value, col = key] placement as b_seg (and
 K2's final state). Check: carry @ M = sum_a carry[v, a] M[a, b]; for one tile, (S A_c)[v, b] =
-sum_a S[v, a] A_c[a, b]. The kernel stores the fragment element X^T[k, i] at m_seg[.., i, k].
+sum_a S[v, a] A_c[a, b]. The kernel stores the fragment element X^T[k, i] at m_seg[.., i, k], in
+column cp_merge.m_seg_column(i, k) = k ^ 8 (i & 3) of row i: the merge loads a whole M with one
+bulk copy and reads it conflict-free without row padding (docs/kernel_abi.md).
 
 Thread roles (as K2): warps 0..W-1 MMA warps (W = mma_warps(VB), NW = VB / W value columns / X rows
 each), warp W producer (elected lanes arm the stage and issue the bulk copies, 3 elect regions).
@@ -65,6 +67,7 @@ from .k2_recurrence import (BSIG_BYTES, GT_BYTES, HEAD_ROW_BYTES, SQ_BYTES, STAG
                             produce_tiles, solve_u_fragment, state_words_step, v_stride)
 from .mma_ops import (fma_rn, lds_b32, lds_bf16_f32, lds_f32, ldsm_x4, ldsm_x4_t, mma_bf16_16816, pack_bf16x2,
                       select_b32, stg_f32_pair_from_bf16, sts_b32, unpack_bf16x2)
+from .cp_merge import m_seg_column
 from .tile_ops import CHUNK, D, await_previous_grid
 
 OFF_KD, OFF_KR = 0, TILE_BYTES
@@ -263,7 +266,8 @@ def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, 
             with cute.arch.elect_one():
                 cute.arch.mbarrier_arrive(empty + s)
 
-        # -------- exit: b_seg[j, h, v, k] = f32(S^T[k, v]) (exact), m_seg[j, h, i, k] = X^T[k, i] (fp32)
+        # -------- exit: b_seg[j, h, v, k] = f32(S^T[k, v]) (exact), m_seg[j, h, i, k] = X^T[k, i] (fp32,
+        # column k swizzled)
         for jj in cutlass.range_constexpr(D // 32):
             k = lane + 32 * jj
             koff = 128 * NB * (k >> 3) + 16 * (k & 7)
@@ -271,14 +275,19 @@ def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, 
                 word = lds_b32(region + koff + 128 * (p // 4) + 4 * (p % 4))
                 e0 = out_base + Int64(col0 + 2 * p) * D + Int64(k)
                 stg_f32_pair_from_bf16(bseg_ptr + e0 * 4, bseg_ptr + (e0 + D) * 4, word)
+        # m_seg's columns are swizzled for the merge's bulk copy (cp_merge.m_seg_column): row r keeps
+        # column c at c ^ 8 (r & 3); this lane's rows are i0 = col0 + 8 nb + 2q and i0 + 1
         for mb in cutlass.range_constexpr(D // 16):
             for nb in cutlass.range_constexpr(NB):
                 e = 4 * (nb + NB * mb)
-                i0 = out_base + Int64(col0 + 8 * nb + 2 * q) * D + Int64(16 * mb + g)  # (row i0, key k0)
-                _stg_f32(mseg_ptr + i0 * 4, xr[e])
-                _stg_f32(mseg_ptr + (i0 + D) * 4, xr[e + 1])
-                _stg_f32(mseg_ptr + (i0 + 8) * 4, xr[e + 2])
-                _stg_f32(mseg_ptr + (i0 + D + 8) * 4, xr[e + 3])
+                i0 = col0 + 8 * nb + 2 * q
+                k0 = 16 * mb + g
+                r0 = out_base + Int64(i0) * D
+                r1 = r0 + D
+                _stg_f32(mseg_ptr + (r0 + Int64(m_seg_column(i0, k0))) * 4, xr[e])
+                _stg_f32(mseg_ptr + (r1 + Int64(m_seg_column(i0 + 1, k0))) * 4, xr[e + 1])
+                _stg_f32(mseg_ptr + (r0 + Int64(m_seg_column(i0, k0 + 8))) * 4, xr[e + 2])
+                _stg_f32(mseg_ptr + (r1 + Int64(m_seg_column(i0 + 1, k0 + 8))) * 4, xr[e + 3])
 
 
 @cute.jit
