@@ -95,33 +95,7 @@ def test_prefill_kernels_wait_for_the_previous_grid_first(ptx_of, variant):
     assert wait >= 0, f"{variant.name}: no griddepcontrol.wait"
     accesses = [m.start() for m in re.finditer(r"\b(?:ld|st|atom|red)(?:\.\w+)*\.global\b|cp\.async\S*global", body)]
     assert not accesses or wait < min(accesses), f"{variant.name}: global access before griddepcontrol.wait"
-
-
-# Where a kernel may release its dependents (tile_ops.release_dependents): K2 and pre_scan after
-# their tile loop (after the last MMA in program order), the merge in its last step (after the
-# initial carry is stored). Everything else triggers implicitly at exit.
-_TRIGGER_AFTER = {"k2_recurrence": "last mma", "k2_segments": "last mma", "cp_pre_scan": "last mma",
-                  "cp_merge": "first global store"}
-
-
-@pytest.mark.parametrize("variant", [v for v in _representatives() if not v.entry.startswith("approx")],
-                         ids=lambda v: v.name)
-def test_dependents_are_released_late_or_never(ptx_of, variant):
-    """An early griddepcontrol.launch_dependents lets the next kernel's CTAs sit beside this one's
-    whole run (serial H=64 [8192] 0.78 -> 1.71 ms on the H200): only after the main loop."""
-    ptx = ptx_of(variant)
-    body = ptx[ptx.index(".entry"):]
-    triggers = [m.start() for m in re.finditer(r"griddepcontrol\.launch_dependents", body)]
-    rule = _TRIGGER_AFTER.get(variant.entry)
-    if rule is None:
-        assert not triggers, f"{variant.name}: releases its dependents"
-        return
-    assert triggers, f"{variant.name}: never releases its dependents"
-    if rule == "last mma":
-        bound = max(m.start() for m in re.finditer(r"mma\.sync", body))
-    else:
-        bound = min(m.start() for m in re.finditer(r"\bst(?:\.\w+)*\.global\b", body))
-    assert min(triggers) > max(bound, body.find("griddepcontrol.wait")), f"{variant.name}: releases too early"
+    assert "griddepcontrol.launch_dependents" not in body  # no early trigger (tile_ops.await_previous_grid)
 
 
 def test_ptx_check_finds_identical_and_changed_kernels(tmp_path, capsys):

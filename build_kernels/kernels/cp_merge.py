@@ -57,7 +57,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass.cutlass_dsl import T, dsl_user_op
 from .mma_ops import bulk_g2s, lds_b32, lds_f32
-from .tile_ops import D, _asm, _ir, await_previous_grid, release_dependents  # the shared inline-PTX wrappers
+from .tile_ops import D, _asm, _ir, await_previous_grid  # the shared inline-PTX wrappers
 
 ROWS = 16  # carry rows (value rows) per CTA: one m16 tile
 WARPS = 8  # MMA warps per CTA, each owning WARP_COLS output columns
@@ -265,8 +265,6 @@ def _cp_merge_kernel(m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int
         buf = step & 1
         c_rd = c_base + buf * CARRY_BYTES
         c_wr = c_base + (buf ^ 1) * CARRY_BYTES
-        if step == nsteps - 1:
-            release_dependents()  # last step: segmented K2 may launch on the free SMs (tile_ops)
         cute.arch.cp_async_wait_group(0)  # this thread's B chunks of this step landed
         cute.arch.barrier()  # everyone's did; carry of step - 1 published; buffers buf ^ 1 free
         if step + 1 < nsteps:

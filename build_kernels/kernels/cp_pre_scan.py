@@ -68,7 +68,7 @@ from .k2_recurrence import (BSIG_BYTES, GT_BYTES, HEAD_ROW_BYTES, SQ_BYTES, STAG
 from .mma_ops import (fma_rn, lds_b32, lds_bf16_f32, lds_f32, ldsm_x4, ldsm_x4_t, mma_bf16_16816, pack_bf16x2,
                       select_b32, stg_f32_pair_from_bf16, sts_b32, unpack_bf16x2)
 from .cp_merge import m_seg_column
-from .tile_ops import CHUNK, D, await_previous_grid, release_dependents
+from .tile_ops import CHUNK, D, await_previous_grid
 
 OFF_KD, OFF_KR = 0, TILE_BYTES
 OFF_GT = 2 * TILE_BYTES
@@ -265,8 +265,6 @@ def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, 
             cute.arch.sync_warp()
             with cute.arch.elect_one():
                 cute.arch.mbarrier_arrive(empty + s)
-
-        release_dependents()  # the tile loop is done: the merge may launch (tile_ops)
 
         # -------- exit: b_seg[j, h, v, k] = f32(S^T[k, v]) (exact), m_seg[j, h, i, k] = X^T[k, i] (fp32,
         # column k swizzled)

@@ -57,7 +57,7 @@ from cutlass import Int32, Int64, Float32
 from .mma_ops import (add_rn, bulk_g2s, fma_rn, ldg_bf16_pair, ldg_f32_pair_bf16, lds_b32, lds_bf16_f32, lds_f32,
                       ldsm_x4, ldsm_x4_t, mma_bf16_16816, movmatrix_t, mul_rn, pack_bf16x2, round_bf16x2,
                       select_b32, stg_b32_if, stg_bf16_pair, stg_f32_pair_from_bf16, sts_b32, sub_rn, unpack_bf16x2)
-from .tile_ops import CHUNK, D, await_previous_grid, release_dependents
+from .tile_ops import CHUNK, D, await_previous_grid
 
 STAGES = 3
 # Value columns per MMA warp, per value_block. Measured on an H200 (H=64, T=8192, us per 16-token tile):
@@ -351,8 +351,6 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
             cute.arch.sync_warp()
             with cute.arch.elect_one():
                 cute.arch.mbarrier_arrive(empty + s)
-
-        release_dependents()  # the tile loop is done: the next kernel may launch (tile_ops)
 
         # -------- Q6 exit state
         if cutlass.const_expr(has_final):

@@ -18,21 +18,9 @@ def await_previous_grid():
 
     No kernel calls griddepcontrol.launch_dependents early: measured on the H200, triggering at
     CTA start let the next kernels' CTAs sit resident in griddepcontrol.wait beside the running
-    ones, and serial H=64 T=8192 went from 0.78 to 1.71 ms (docs/cp_tuning.md). K2, pre_scan and
-    the merge trigger late instead (release_dependents).
+    ones, and serial H=64 T=8192 went from 0.78 to 1.71 ms (docs/cp_tuning.md).
     """
     cute.arch.griddepcontrol_wait()
-
-
-def release_dependents():
-    """griddepcontrol.launch_dependents, late: K2 and pre_scan call it from their MMA warps once the
-    tile loop is done (before their exit stores), the merge at the start of its last step. The first
-    thread of a CTA to execute it signals for the whole CTA, and the next kernel's CTAs may be
-    scheduled once every CTA has signalled or exited; they then wait in griddepcontrol.wait
-    (await_previous_grid) for this grid's completion, so ordering is unchanged and only their
-    launch overlaps this grid's last stores. Never called by a producer warp (it finishes a few
-    tiles early) nor at CTA start (see await_previous_grid)."""
-    cute.arch.griddepcontrol_launch_dependents()
 
 
 def raw_tile_layout():
