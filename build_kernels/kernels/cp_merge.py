@@ -27,8 +27,9 @@ M with 16-byte cp.async (in 4 k-blocks with a barrier each, or whole matrices do
 with one barrier per step) took 24.4 us; the same kernel without any M copy after the first
 step 16.6 us; one contiguous 64 KiB bulk copy per step 15.8 us; 512-byte bulk copies per row
 (144 per step) 75 us. So M arrives as one bulk copy per step, which needs unpadded rows, and the
-swizzle keeps the B-fragment reads conflict-free without padding. Splitting the 16-long MMA chain
-into two interleaved accumulators, or 32 carry rows per CTA, did not shorten a step.
+swizzle keeps the B-fragment reads conflict-free without padding. With it, 4 or 16 warps instead
+of 8, or two or four interleaved accumulators instead of one 16-long MMA chain, did not shorten a
+step (docs/cp_tuning.md, third session).
 
 Shared memory (bytes):
   M       2 x 65536: M of the step being computed and of the next one, rows unpadded, swizzled.
@@ -57,7 +58,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass.cutlass_dsl import T, dsl_user_op
 from .mma_ops import bulk_g2s, lds_b32, lds_f32
-from .tile_ops import D, _asm, _ir, await_previous_grid  # the shared inline-PTX wrappers
+from .tile_ops import D, _asm, _ir, await_previous_grid, st_shared_v4  # the shared inline-PTX wrappers
 
 ROWS = 16  # carry rows (value rows) per CTA: one m16 tile
 WARPS = 8  # MMA warps per CTA, each owning WARP_COLS output columns
@@ -105,12 +106,6 @@ def lds_v2_f32(saddr: Int32, *, loc=None, ip=None):
 def sts_v2_b32(saddr: Int32, a: Int32, b: Int32, *, loc=None, ip=None) -> None:
     _asm(None, [_ir(saddr, Int32, loc, ip), _ir(a, Int32, loc, ip), _ir(b, Int32, loc, ip)],
          "st.shared.v2.b32 [$0], {$1, $2};", "r,r,r", True, loc, ip)
-
-
-@dsl_user_op
-def sts_v4_b32(saddr: Int32, a: Int32, b: Int32, c: Int32, d: Int32, *, loc=None, ip=None) -> None:
-    _asm(None, [_ir(saddr, Int32, loc, ip)] + [_ir(x, Int32, loc, ip) for x in (a, b, c, d)],
-         "st.shared.v4.b32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r", True, loc, ip)
 
 
 @dsl_user_op
@@ -249,8 +244,7 @@ def _cp_merge_kernel(m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int
                 else:
                     x = ldg_bf16x4_f32(init_ptr + (ib + e) * 2)
             stg_v4_f32(carry_ptr + (cb0 + e) * 4, x[0], x[1], x[2], x[3])
-            sts_v4_b32(c_base + (r * C_STRIDE + col) * 4, to_tf32(x[0]), to_tf32(x[1]), to_tf32(x[2]),
-                       to_tf32(x[3]))
+            st_shared_v4(c_base + (r * C_STRIDE + col) * 4, [to_tf32(xi) for xi in x])
 
     # -------- the steps
     n0w = warp * WARP_COLS  # first output column of this warp

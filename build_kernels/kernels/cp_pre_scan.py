@@ -63,7 +63,7 @@ from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .k2_recurrence import (BSIG_BYTES, GT_BYTES, HEAD_ROW_BYTES, SQ_BYTES, STAGES, TILE_BYTES, init_ring, mma_warps,
+from .k2_recurrence import (BSIG_BYTES, GT_BYTES, HEAD_ROW_BYTES, SQ_BYTES, STAGES, TILE_BYTES, alloc_ring, init_ring, mma_warps,
                             produce_tiles, solve_u_fragment, state_words_step, v_stride)
 from .mma_ops import (fma_rn, lds_b32, lds_bf16_f32, lds_f32, ldsm_x4, ldsm_x4_t, mma_bf16_16816, pack_bf16x2,
                       select_b32, stg_f32_pair_from_bf16, sts_b32, unpack_bf16x2)
@@ -117,13 +117,9 @@ def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, 
     lane = cute.arch.lane_idx()
 
     smem = cutlass.memory.SmemAllocator()
-    bars = smem.allocate_array(Int64, 2 * STAGES, byte_alignment=8)
-    buf = smem.allocate(STAGES * SB, byte_alignment=128)
+    full, empty, buf_addr = alloc_ring(smem, SB)
     sstate = smem.allocate(VB * D * 2, byte_alignment=128)
     smirror = smem.allocate(VB * D * 2, byte_alignment=128)
-    full = bars
-    empty = bars + STAGES
-    buf_addr = buf.toint()
 
     init_ring(warp, full, empty, MMA_WARPS)
 

@@ -91,6 +91,16 @@ def stage_bytes(vb: int) -> int:
     return (OFF_V + CHUNK * v_stride(vb) + 127) // 128 * 128
 
 
+def alloc_ring(smem, stage_size: int):
+    """The stage ring of K2 and pre_scan in shared memory, allocated first: 2 * STAGES mbarriers
+    (full[s], then empty[s]) and STAGES stages of stage_size bytes (each kernel has its own stage
+    layout). Returns (full, empty, buffer address); init_ring initialises the barriers once the
+    kernel's other buffers are allocated."""
+    bars = smem.allocate_array(Int64, 2 * STAGES, byte_alignment=8)
+    buf = smem.allocate(STAGES * stage_size, byte_alignment=128)
+    return bars, bars + STAGES, buf.toint()
+
+
 @cute.jit
 def init_ring(warp: Int32, full: cute.Pointer, empty: cute.Pointer, consumers: cutlass.Constexpr[int]):
     """The stage ring's barriers (full: 1 arrival + tx bytes, empty: one per MMA warp), then a CTA sync."""
@@ -204,12 +214,8 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
     lane = cute.arch.lane_idx()
 
     smem = cutlass.memory.SmemAllocator()
-    bars = smem.allocate_array(Int64, 2 * STAGES, byte_alignment=8)
-    buf = smem.allocate(STAGES * SB, byte_alignment=128)
+    full, empty, buf_addr = alloc_ring(smem, SB)
     sstate = smem.allocate(VB * D * 2, byte_alignment=128)
-    full = bars
-    empty = bars + STAGES
-    buf_addr = buf.toint()
 
     init_ring(warp, full, empty, MMA_WARPS)
 
