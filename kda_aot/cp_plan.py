@@ -21,7 +21,7 @@ import operator
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple, Union
 
-from .validation import parse_cp
+from .validation import int_entries, parse_cp
 
 CHUNK = 16  # tokens per tile
 DEFAULT_SM_COUNT = 132  # H100 SXM / H200
@@ -126,17 +126,10 @@ def _check_seq_lens(seq_lens) -> Tuple[int, ...]:
         raise ValueError(f"seq_lens: expected a sequence of non-negative ints, got {seq_lens!r}") from None
     if not items:
         raise ValueError("seq_lens: expected at least one sequence, got an empty list")
-    out = []
-    for i, x in enumerate(items):
-        if isinstance(x, bool):
-            raise ValueError(f"seq_lens: entry {i} is a bool ({x!r}), expected an int")
-        try:
-            v = operator.index(x)
-        except TypeError:
-            raise ValueError(f"seq_lens: entry {i} must be an int, got {x!r} ({type(x).__name__})") from None
+    out = int_entries(items, "seq_lens", ValueError)
+    for i, v in enumerate(out):
         if v < 0:
             raise ValueError(f"seq_lens: entry {i} must be >= 0, got {v}")
-        out.append(int(v))
     return tuple(out)
 
 

@@ -322,7 +322,7 @@ def parse_cp(cp, name: str = "cp") -> CpMode:
 
 def check_cu_seqlens_values(values: Sequence[int], T: int) -> None:
     """Host copy of cu_seqlens: cu[0] == 0, non-decreasing, cu[-1] == T (empty sequences allowed)."""
-    cu = _as_int_list(values)
+    cu = int_entries(values, "cu_seqlens")
     if len(cu) < 2:
         raise ValueError(f"cu_seqlens: expected at least 2 entries [N+1], got {len(cu)}")
     if cu[0] != 0:
@@ -336,15 +336,17 @@ def check_cu_seqlens_values(values: Sequence[int], T: int) -> None:
                          f"token count T = {T}, got {cu[-1]}")
 
 
-def _as_int_list(values: Iterable[int]) -> list:
+def int_entries(values: Iterable, name: str, error: type = TypeError) -> list:
+    """Each entry of a host sequence as an int (operator.index, so numpy integers pass); a bool or a
+    non-integer entry raises `error` naming the argument and the entry (cu_seqlens, seq_lens)."""
     out = []
     for i, x in enumerate(values):
         if isinstance(x, bool):
-            raise TypeError(f"cu_seqlens: entry {i} is a bool, expected an int")
+            raise error(f"{name}: entry {i} is a bool ({x!r}), expected an int")
         try:
-            out.append(operator.index(x))
+            out.append(int(operator.index(x)))
         except TypeError:
-            raise TypeError(f"cu_seqlens: entry {i} must be an int, got {x!r}") from None
+            raise error(f"{name}: entry {i} must be an int, got {x!r} ({type(x).__name__})") from None
     return out
 
 
