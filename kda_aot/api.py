@@ -1,169 +1,226 @@
-"""Public functions: `prefill` and `info`.
+"""Public functions: `prefill`, `workspace_size`, `empty_cache` and `info`.
 
-`prefill` is the validation wall's only door: every argument is read through DLPack, validated
-(validation.py), and only then are outputs allocated and kernels launched. A bad argument never
-reaches the GPU and never leaves an output partially written.
+`prefill` is the validation wall's only door. The first call of a problem shape runs the whole
+wall (validation.py) and builds a CallPlan (call_plan.py); later calls of that shape read their
+pointers, repeat the pointer checks, allocate what the caller did not pass and launch the whole
+kernel sequence with one native call. Nothing is read back to the host unless the caller asks
+(`validate="host"`), so a call never synchronises and can be captured into a CUDA graph
+(docs/call_path.md).
 """
 
 from __future__ import annotations
 
-import functools
 import sys
-import warnings
+import threading
 from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import __version__, cp_plan, launcher, streams
+from . import __version__, call_plan, streams
+from .call_plan import CallPlan, UnsafePointers
 from .loader import CudaError, KdaError, get_library, library_dir
-from .tensors import TensorDesc, describe, describe_optional
-from .validation import check_cu_seqlens_values, validate_prefill
+from .program import SLOT, pack_inputs
+from .tensors import TensorDesc, describe
+from .validation import (_ALIGNMENT, check_cu_seqlens_values, int_entries, validate_prefill)
+from .workspace import ARENA
 
 D = 128
+_TENSOR_ARGS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens", "out", "final_state",
+                "workspace")
+_VALIDATE_MODES = ("device", "host")
+
+# CallPlans by key (shapes, dtypes, devices, scalars, options; never a pointer or a caller's object).
+_PLANS: dict = {}
+_PLANS_LOCK = threading.Lock()
+_PLANS_MAX = 512
 
 
 def prefill(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0, scale: Optional[float] = None,
             initial_state=None, output_final_state: bool = False, cu_seqlens=None, cp="auto", out=None,
-            final_state=None, stream=None, seq_lens: Optional[Sequence[int]] = None,
-            value_split: Optional[int] = None) -> Tuple[Any, Any]:
-    """KDA prefill (kda_spec.md): returns (o, final_state or None).
+            final_state=None, stream=None, seq_lens: Optional[Sequence[int]] = None, cu_seqlens_cpu=None,
+            workspace=None, validate: str = "device", value_split: Optional[int] = None) -> Tuple[Any, Any]:
+    """KDA prefill (docs/api.md): returns (o, final_state or None).
 
     q, k, v, g: bf16 [B, T, H, 128]; beta: bf16 logits [B, T, H]; A_log fp32 [H]; dt_bias fp32
     [H, 128] (or [H*128]); initial_state / final_state: [N, H, 128 (V), 128 (K)] bf16 or fp32.
-    Packed varlen: B == 1 and cu_seqlens int32/int64 [N + 1]. `out` and `final_state` are written
-    in place when given, else allocated with q's framework (torch or CuPy); with
-    output_final_state=True and no buffer, the final state has initial_state's dtype (fp32
-    without an initial state). `seq_lens`: optional host copy
-    of the sequence lengths, which spares the device-to-host read of cu_seqlens. `stream`: a CUDA
-    stream (handle, `__cuda_stream__` object or torch stream); default: torch's current stream
-    for torch callers, else the legacy default stream. `cp`: intracard context parallelism
-    (spec 4): "auto" splits long sequences when kda_aot.plan_prefill predicts a win, "off" never,
-    "on" always (NotSplittableError when it cannot), an int forces that many segments per
-    sequence (tests). `value_split` forces the K2 value-column
+    Packed varlen: B == 1 and cu_seqlens int32/int64 [N + 1] on the device; its values are not read
+    on the host (the kernels clamp bad ones, docs/kernel_abi.md) unless validate="host", which
+    copies them back (a synchronisation) and checks them. `seq_lens` (host lengths) or
+    `cu_seqlens_cpu` (a host copy of cu_seqlens, FLA's name) are optional hints for the CP
+    planner; they must match cu_seqlens. `out`, `final_state` and `workspace` (a device buffer of
+    at least kda_aot.workspace_size(...) bytes, 256-byte aligned) are used in place when given,
+    else allocated: with torch's caching allocator on the call's stream for torch tensors.
+    `stream`: a CUDA stream (handle, `__cuda_stream__` object or torch stream); default: torch's
+    current stream for torch callers, else the legacy default stream. `cp`: "auto" splits long
+    sequences when that pays, "off" never, "on" always (NotSplittableError when it cannot), an int
+    forces up to that many segments per sequence (tests). `value_split` forces the K2 value-column
     split (1, 2 or 4; tests and benchmarks).
     """
     if final_state is not None and not output_final_state:
         raise ValueError("final_state: a buffer was given but output_final_state=False")
-    t = {name: describe(obj, name) for name, obj in
-         (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("A_log", A_log), ("dt_bias", dt_bias))}
-    t.update(initial_state=describe_optional(initial_state, "initial_state"),
-             cu_seqlens=describe_optional(cu_seqlens, "cu_seqlens"),
-             out=describe_optional(out, "out"), final_state=describe_optional(final_state, "final_state"))
-    args = (t["q"], t["k"], t["v"], t["g"], t["beta"], t["A_log"], t["dt_bias"], lower_bound, scale,
-            t["initial_state"], t["final_state"], t["cu_seqlens"], t["out"], cp)
-    problem = _validate(*args) if _hashable(lower_bound, scale, cp) else _validate.__wrapped__(*args)
-    handle = streams.stream_handle(stream, problem.device_id)
-    if problem.varlen:
-        lengths = _check_host_lengths(t["cu_seqlens"], problem.T, seq_lens, handle)
+    if validate not in _VALIDATE_MODES:
+        raise ValueError(f"validate: expected 'device' or 'host', got {validate!r}")
+    tensors = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state, workspace)
+    hint = _hint_key(seq_lens, cu_seqlens_cpu)
+    torch = _torch_of(tensors)
+    if validate == "host":
+        hint = _read_back_hint(tensors, hint, stream)
+    options = (type(lower_bound), lower_bound, type(scale), scale, bool(output_final_state), type(cp), cp,
+               hint, value_split)
+    if torch is not None:
+        sig = _torch_signature(tensors)
+        ptrs = [0 if t is None else t.data_ptr() for t in tensors]
+        descs = None
     else:
-        lengths = (problem.T,) * problem.B
-    lib = get_library()
-    sms = streams.sm_count(problem.device_id) if problem.N and problem.H else 1
-    plan = _plan(problem, lengths, sms, handle, lib)
-    if not launcher.serial_available(lib):
-        raise NotImplementedError("this build of kda-aot has no K1/K2 kernels yet (see kda_aot.info())")
-
-    if out is None:
-        out = _empty_like(q, t["q"].shape, "bfloat16")
-        t["out"] = describe(out, "out")
-    if output_final_state and final_state is None:
-        # One state dtype per call (the kernels keep a single state format): the allocated final
-        # state follows initial_state's dtype, fp32 when there is none.
-        problem = _with_final(problem)
-        final_state = _empty_like(q, (problem.N, problem.H, D, D), problem.state_dtype)
-        t["final_state"] = describe(final_state, "final_state")
-    key = (args, t["out"], t["final_state"], plan, handle, value_split)
-    program = _PROGRAMS.get(key)
-    if program is None or not program.valid():
-        if plan is not None and not plan.trivial:
-            program = launcher.cp_program(lib, problem, t, handle, plan, sms, value_split=value_split)
-        else:
-            program = launcher.serial_program(lib, problem, t, handle, sms, value_split=value_split)
-        if len(_PROGRAMS) >= 256:
-            _PROGRAMS.pop(next(iter(_PROGRAMS)))
-        _PROGRAMS[key] = program
-    program.run()
-    return out, (final_state if output_final_state else None)
-
-
-# Launch programs of recent calls, keyed by everything they were built from (the validated
-# descriptions, plan, stream): an identical call replays its program (launcher.Program).
-_PROGRAMS: dict = {}
-
-
-def _hashable(*values) -> bool:
+        descs = [None if t is None else describe(t, name) for name, t in zip(_TENSOR_ARGS, tensors)]
+        sig = tuple(None if d is None else (d.shape, d.strides, d.dtype, d.device, d.device_id,
+                                            getattr(d, "readonly", False)) for d in descs)
+        ptrs = [0 if d is None else d.ptr for d in descs]
     try:
-        hash(values)
-        return True
-    except TypeError:
-        return False
+        key = (sig, options)
+        plan = _PLANS.get(key)
+    except TypeError:  # an unhashable option: let the wall name it
+        key, plan = None, None
+    if plan is None:
+        descs = descs or [None if t is None else describe(t, name) for name, t in zip(_TENSOR_ARGS, tensors)]
+        plan = _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split)
+        if key is not None:
+            _remember(key, plan)
+    try:
+        plan.check_pointers(ptrs)
+    except UnsafePointers:
+        descs = descs or [None if t is None else describe(t, name) for name, t in zip(_TENSOR_ARGS, tensors)]
+        _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split)  # raises, naming it
+        if descs[-1] is not None:  # the wall does not know the workspace: it overlaps something
+            raise ValueError("workspace: overlaps an input or output of the call; pass a separate buffer")
+        raise KdaError("internal error: a pointer check failed that the validation wall accepts")
+
+    problem = plan.problem
+    handle = _stream(torch, stream, problem.device_id)
+    outputs = _allocate(torch, q, plan, out, final_state, workspace, handle, stream)
+    o, fs, ws_obj = outputs
+    if torch is not None:
+        ptrs[SLOT["out"]] = o.data_ptr()
+        if fs is not None:
+            ptrs[SLOT["final_state"]] = fs.data_ptr()
+        if ws_obj is not None:
+            ptrs[SLOT["workspace"]] = ws_obj.data_ptr()
+    else:
+        ptrs[SLOT["out"]] = describe(o, "out").ptr
+        if fs is not None:
+            ptrs[SLOT["final_state"]] = describe(fs, "final_state").ptr
+    ptrs.append(handle)
+    program = plan.launch.program
+    if torch is None and not plan.workspace_given and plan.workspace_bytes:
+        with ARENA.lease(problem.device_id, handle, plan.workspace_bytes) as base:
+            ptrs[SLOT["workspace"]] = base
+            program.run(pack_inputs(ptrs))
+    else:
+        program.run(pack_inputs(ptrs))
+    return o, (fs if output_final_state else None)
 
 
-@functools.lru_cache(maxsize=256)
-def _validate(q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, initial_state, final_state, cu_seqlens, out, cp):
-    """validate_prefill, remembered: the wall is a pure function of the descriptions (pointers,
-    shapes, strides, dtypes, devices) and scalars, and a steady-state caller repeats them."""
-    return validate_prefill(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
-                            scale=scale, initial_state=initial_state, final_state=final_state,
-                            cu_seqlens=cu_seqlens, out=out, cp=cp)
+# ---------------------------------------------------------------------------------------------
+# intake
 
-
-@functools.lru_cache(maxsize=256)
-def _plan_cached(lengths: tuple, n_heads: int, sms: int, mode) -> cp_plan.CPPlan:
-    return cp_plan.plan_prefill(lengths, n_heads, sm_count=sms, mode=mode)
-
-
-def _plan(problem, lengths, sms: int, stream: int, lib) -> Optional[cp_plan.CPPlan]:
-    """The CP plan, or None for the serial path (cp="off", empty work, or no host lengths)."""
-    if problem.cp == "off" or problem.N == 0 or problem.H == 0:
+def _torch_of(tensors):
+    """torch, when every tensor argument is a torch.Tensor (the fast intake), else None."""
+    torch = sys.modules.get("torch")
+    if torch is None:
         return None
-    if lengths is None:  # a packed batch captured into a CUDA graph without seq_lens
-        if problem.cp == "auto":
-            warnings.warn("kda_aot.prefill: cp='auto' runs serial here: cu_seqlens cannot be read back during "
-                          "CUDA graph capture, so there are no host lengths to plan with; pass seq_lens= to "
-                          "let the planner split long sequences", RuntimeWarning, stacklevel=3)
+    Tensor = torch.Tensor
+    for t in tensors:
+        if t is not None and not isinstance(t, Tensor):
             return None
-        raise ValueError(f"cp: {problem.cp!r} needs the sequence lengths on the host, and cu_seqlens cannot be "
-                         "read back during CUDA graph capture; pass seq_lens=")
-    plan = _plan_cached(lengths, problem.H, sms, problem.cp)
-    if not plan.trivial and not launcher.cp_available(lib):
-        if problem.cp == "auto":
-            return None
-        raise NotImplementedError("cp: this build has no context-parallel kernels (see kda_aot.info())")
-    return plan
+    return torch
 
 
-def _with_final(problem):
-    import dataclasses
+def _torch_signature(tensors) -> tuple:
+    """Everything the wall checks of a torch tensor except its address: dtype, shape, contiguity,
+    device, and the neg bit (a neg view's memory holds the un-negated values)."""
+    return tuple(None if t is None else (t.dtype, t.shape, t.is_contiguous(), t.get_device(), t.is_neg())
+                 for t in tensors)
 
-    state_dtype = problem.state_dtype or "float32"
-    return dataclasses.replace(problem, has_final=True, state_dtype=state_dtype)
 
-
-def _check_host_lengths(cu: TensorDesc, T: int, seq_lens: Optional[Sequence[int]], stream: int):
-    """Check cu_seqlens' values on the host (spec 1.4), reading them back only when needed;
-    returns the sequence lengths, or None when they cannot be had.
-
-    A read-back is a device-to-host sync, which is illegal while the stream is being captured
-    into a CUDA graph: then the values cannot be checked, the kernels clamp bad lengths, and
-    cp="auto" runs serial (the planner needs host lengths).
-    """
+def _hint_key(seq_lens, cu_seqlens_cpu):
+    """The host hint as a hashable key: ("lens", ...) or ("cu", ...), or None. Its values are
+    checked against the problem when a plan is built; every entry must be a Python int here so
+    that 1.0 or True can never hit a plan built for 1."""
+    if seq_lens is not None and cu_seqlens_cpu is not None:
+        raise ValueError("seq_lens: pass either seq_lens or cu_seqlens_cpu, not both")
     if seq_lens is not None:
-        lengths = tuple(int(x) for x in seq_lens)
-        if len(lengths) != cu.shape[0] - 1:
-            raise ValueError(f"seq_lens: expected {cu.shape[0] - 1} lengths (one per sequence), got {len(lengths)}")
-        _check_lengths(lengths, T)
-        return lengths
-    if streams.is_capturing(stream):
+        return ("lens", _int_tuple(seq_lens, "seq_lens"))
+    if cu_seqlens_cpu is not None:
+        values = cu_seqlens_cpu
+        if type(values).__module__.startswith("torch"):
+            if values.device.type != "cpu":
+                raise TypeError("cu_seqlens_cpu: expected a host copy of cu_seqlens (a CPU tensor, list or numpy "
+                                f"array), got a tensor on {values.device}; pass device tensors as cu_seqlens")
+            values = values.tolist()
+        elif isinstance(values, np.ndarray):
+            if values.dtype.kind not in "iu":
+                raise TypeError(f"cu_seqlens_cpu: expected integer entries, got dtype {values.dtype}")
+            values = values.tolist()
+        return ("cu", _int_tuple(values, "cu_seqlens_cpu"))
+    return None
+
+
+def _int_tuple(values, name: str) -> tuple:
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"{name}: expected a sequence of ints, got {type(values).__name__}")
+    try:
+        items = tuple(values)
+    except TypeError:
+        raise TypeError(f"{name}: expected a sequence of ints, got {type(values).__name__}") from None
+    for item in items:
+        if type(item) is not int:
+            return tuple(int_entries(items, name))  # numpy ints pass; bools and floats raise, naming the entry
+    return items
+
+
+def _hint_lengths(hint, N: int, T: int) -> Optional[Tuple[int, ...]]:
+    if hint is None:
         return None
-    values = read_device_array(cu, stream).tolist()
-    check_cu_seqlens_values(values, T)
+    kind, values = hint
+    if kind == "lens":
+        if len(values) != N:
+            raise ValueError(f"seq_lens: expected {N} lengths (one per sequence), got {len(values)}")
+        for i, x in enumerate(values):
+            if x < 0:
+                raise ValueError(f"seq_lens: entry {i} must be >= 0, got {x}")
+        if sum(values) != T:
+            raise ValueError(f"seq_lens: the lengths add up to {sum(values)}, but q has T = {T} tokens")
+        return values
+    if len(values) != N + 1:
+        raise ValueError(f"cu_seqlens_cpu: expected {N + 1} entries like cu_seqlens, got {len(values)}")
+    try:
+        check_cu_seqlens_values(values, T)
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("cu_seqlens:", "cu_seqlens_cpu:", 1)) from None
     return tuple(b - a for a, b in zip(values[:-1], values[1:]))
 
 
-@functools.lru_cache(maxsize=256)
-def _check_lengths(lengths: tuple, T: int) -> None:
-    check_cu_seqlens_values(np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).tolist(), T)
+def _read_back_hint(tensors, hint, stream):
+    """validate="host": copy cu_seqlens back (a synchronisation), check it, and plan with it."""
+    cu_obj, q_obj = tensors[SLOT["cu_seqlens"]], tensors[0]
+    if cu_obj is None:
+        return hint
+    cu = describe(cu_obj, "cu_seqlens")
+    if cu.device != "cuda" or len(cu.shape) != 1 or cu.dtype not in ("int32", "int64"):
+        return hint  # the wall refuses it, naming it
+    q = describe(q_obj, "q")
+    handle = _stream(_torch_of(tensors), stream, cu.device_id)
+    if streams.is_capturing(handle):
+        raise RuntimeError("validate: 'host' reads cu_seqlens back, which cannot happen while the stream is being "
+                           "captured into a CUDA graph; use validate='device' there")
+    values = read_device_array(cu, handle).tolist()
+    T = q.shape[1] if len(q.shape) == 4 else 0
+    check_cu_seqlens_values(values, T)
+    read = ("cu", tuple(int(x) for x in values))
+    if hint is not None and _hint_lengths(hint, len(values) - 1, T) != _hint_lengths(read, len(values) - 1, T):
+        raise ValueError(f"{'seq_lens' if hint[0] == 'lens' else 'cu_seqlens_cpu'}: does not match cu_seqlens "
+                         "read back from the device")
+    return read
 
 
 def read_device_array(desc: TensorDesc, stream: int) -> np.ndarray:
@@ -180,12 +237,101 @@ def read_device_array(desc: TensorDesc, stream: int) -> np.ndarray:
     return host
 
 
+# ---------------------------------------------------------------------------------------------
+# plans
+
+def _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split) -> CallPlan:
+    """The whole wall on this call's descriptions, then the plan (raises naming the argument)."""
+    t = dict(zip(_TENSOR_ARGS, descs))
+    problem = validate_prefill(q=t["q"], k=t["k"], v=t["v"], g=t["g"], beta=t["beta"], A_log=t["A_log"],
+                               dt_bias=t["dt_bias"], lower_bound=lower_bound, scale=scale,
+                               initial_state=t["initial_state"], final_state=t["final_state"],
+                               cu_seqlens=t["cu_seqlens"], out=t["out"], cp=cp)
+    if output_final_state and not problem.has_final:
+        # One state dtype per call (the kernels keep a single state format): the allocated final
+        # state follows initial_state's dtype, fp32 when there is none.
+        import dataclasses
+
+        problem = dataclasses.replace(problem, has_final=True, state_dtype=problem.state_dtype or "float32")
+    if hint is not None and not problem.varlen:
+        raise ValueError(f"{'seq_lens' if hint[0] == 'lens' else 'cu_seqlens_cpu'}: a hint for packed input; "
+                         "dense [B, T] input has no cu_seqlens")
+    lengths = _hint_lengths(hint, problem.N, problem.T) if problem.varlen else (problem.T,) * problem.B
+    if value_split is not None and value_split not in (1, 2, 4):
+        raise ValueError(f"value_split: expected 1, 2 or 4, got {value_split!r}")
+    lib = get_library()
+    sms = streams.sm_count(problem.device_id) if problem.N and problem.H else 1
+    given = {name: d is not None for name, d in t.items()}
+    nbytes = {name: (d.nbytes if d is not None else 0) for name, d in t.items()}
+    alignment = dict(_ALIGNMENT)
+    if problem.cu_dtype == "int64":
+        alignment["cu_seqlens"] = 8
+    plan = call_plan.build(lib, problem, lengths=lengths, sm_count=sms, value_split=value_split, given=given,
+                           nbytes=dict(nbytes, workspace=0), alignment=alignment)
+    _check_workspace(t["workspace"], plan, problem)
+    return plan
+
+
+def _check_workspace(ws: Optional[TensorDesc], plan: CallPlan, problem) -> None:
+    if ws is None:
+        return
+    if ws.device != "cuda" or ws.device_id != problem.device_id:
+        raise TypeError(f"workspace: expected a device buffer on cuda:{problem.device_id}, got a {ws.device} "
+                        f"buffer{'' if ws.device != 'cuda' else f' on cuda:{ws.device_id}'}")
+    if not ws.is_contiguous():
+        raise ValueError("workspace: must be contiguous")
+    if ws.nbytes < plan.workspace_bytes:
+        raise ValueError(f"workspace: this call needs {plan.workspace_bytes} bytes (kda_aot.workspace_size), "
+                         f"the buffer has {ws.nbytes}")
+    if ws.ptr % call_plan.WORKSPACE_ALIGN:
+        raise ValueError(f"workspace: data pointer {ws.ptr:#x} is not {call_plan.WORKSPACE_ALIGN}-byte aligned")
+
+
+def _remember(key, plan: CallPlan) -> None:
+    with _PLANS_LOCK:
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.pop(next(iter(_PLANS)), None)
+        _PLANS[key] = plan
+
+
+# ---------------------------------------------------------------------------------------------
+# streams and allocation
+
+def _stream(torch, stream, device_id: int) -> int:
+    if stream is None and torch is not None:
+        return torch._C._cuda_getCurrentRawStream(device_id)  # 0.3 us; torch.cuda.current_stream() is 4
+    return streams.stream_handle(stream, device_id)
+
+
+def _allocate(torch, q, plan: CallPlan, out, final_state, workspace, handle: int, stream):
+    """The outputs and workspace the caller did not pass. With torch they come from its caching
+    allocator, which ties a block to the current stream: when the call runs on another stream,
+    each block records that stream too, so it is not reused before this call's kernels finish."""
+    new = []
+    if out is None:
+        out = q.new_empty(plan.out_shape) if torch is not None else _empty_like(q, plan.out_shape, "bfloat16")
+        new.append(out)
+    if plan.alloc_final:
+        if torch is not None:
+            final_state = q.new_empty(plan.final_shape, dtype=getattr(torch, plan.final_dtype))
+        else:
+            final_state = _empty_like(q, plan.final_shape, plan.final_dtype)
+        new.append(final_state)
+    ws = None
+    if torch is not None and workspace is None and plan.workspace_bytes:
+        ws = q.new_empty((plan.workspace_bytes,), dtype=torch.uint8)
+        new.append(ws)
+    if torch is not None and stream is not None and new:
+        if handle != torch._C._cuda_getCurrentRawStream(plan.problem.device_id):
+            side = torch.cuda.ExternalStream(handle, device=q.device)
+            for t in new:
+                t.record_stream(side)
+    return out, final_state, ws
+
+
 def _empty_like(ref, shape, dtype: str):
     """An uninitialised device array from the framework that produced `ref` (no new imports)."""
     module = type(ref).__module__.split(".")[0]
-    if module == "torch":
-        torch = sys.modules["torch"]
-        return torch.empty(shape, dtype=getattr(torch, dtype), device=ref.device)
     if module == "cupy":
         cupy = sys.modules["cupy"]
         with cupy.cuda.Device(ref.device.id):
@@ -197,6 +343,51 @@ def _ml_bf16():
     import ml_dtypes
 
     return ml_dtypes.bfloat16
+
+
+# ---------------------------------------------------------------------------------------------
+# workspace queries, caches, info
+
+def workspace_size(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0, scale: Optional[float] = None,
+                   initial_state=None, output_final_state: bool = False, cu_seqlens=None, cp="auto", out=None,
+                   final_state=None, seq_lens=None, cu_seqlens_cpu=None, value_split: Optional[int] = None,
+                   **_ignored) -> int:
+    """Bytes of `workspace=` that prefill needs for these arguments (validated as prefill would)."""
+    tensors = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state, None)
+    descs = [None if t is None else describe(t, name) for name, t in zip(_TENSOR_ARGS, tensors)]
+    hint = _hint_key(seq_lens, cu_seqlens_cpu)
+    return _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split).workspace_bytes
+
+
+def workspace_size_for(T: int, H: int, *, N: int = 1, varlen: bool = False, cu_dtype: str = "int32",
+                       seq_lens: Optional[Sequence[int]] = None, cp="auto", sm_count: int = 132,
+                       has_initial: bool = False, has_final: bool = False) -> int:
+    """Bytes of workspace for a problem given by its shapes: dense [N, T] (varlen=False) or packed T
+    tokens in N sequences (varlen=True, optional host `seq_lens`), H heads, on `sm_count` SMs."""
+    from . import launcher
+    from .validation import Problem, parse_cp
+
+    for name, value in (("T", T), ("H", H), ("N", N), ("sm_count", sm_count)):
+        if type(value) is not int or value < (1 if name in ("H", "sm_count") else 0):
+            raise ValueError(f"{name}: expected a non-negative int{' >= 1' if name in ('H', 'sm_count') else ''}, "
+                             f"got {value!r}")
+    B = 1 if varlen else N
+    problem = Problem(B=B, T=T, H=H, N=N, varlen=varlen, cu_dtype=cu_dtype if varlen else None,
+                      state_dtype="float32" if (has_initial or has_final) else None, has_initial=has_initial,
+                      has_final=has_final, scale=D ** -0.5, lower_bound=-5.0, device_id=0, cp=parse_cp(cp))
+    if varlen:
+        lengths = None if seq_lens is None else _hint_lengths(("lens", _int_tuple(seq_lens, "seq_lens")), N, T)
+    else:
+        lengths = (T,) * N
+    return launcher.workspace_bytes(problem, call_plan.segmentation(problem, lengths, sm_count))
+
+
+def empty_cache() -> None:
+    """Free every workspace this process holds (waiting for the work queued on it first) and forget
+    the prepared plans. Torch callers' workspaces are torch's: torch.cuda.empty_cache() frees those."""
+    ARENA.release()
+    with _PLANS_LOCK:
+        _PLANS.clear()
 
 
 def info() -> dict:

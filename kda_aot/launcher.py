@@ -1,24 +1,31 @@
-"""Runs a validated problem: sequence tables -> K1 -> K2, all on the caller's stream.
+"""The kernel sequence of a validated problem, as a Program (program.py).
 
-Inputs arrive as TensorDescs that passed the validation wall; this module only marshals pointers
-and sizes (the kernels' C ABI checks nothing, docs/kernel_abi.md) and launches.
+serial: sequence tables -> K1 -> K2.
+CP (spec 4): segment tables -> K1 over the segments -> pre_scan -> merge -> segmented K2, whose
+last segments write the final states.
+
+Everything here depends only on the problem's shapes and options, never on a pointer: a call
+supplies its pointers when it runs the program. The sequence and segment tables are built on the
+device from `cu_seqlens` (varlen_tiles, cp_seg_tables), so no call reads anything back to the
+host, and every grid is sized by a bound the host knows; CTAs past the real work exit at once.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Dict, Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 
-from . import cp_plan, planner
-from .loader import KdaError, KernelLibrary
-from .tensors import TensorDesc
+from . import planner
+from .loader import KernelLibrary
+from .program import NULL, STREAM, Program, Ref, ws
 from .validation import Problem
-from .workspace import ARENA, WorkspaceLayout, workspace_layout
+from .workspace import cp_layout, workspace_layout
 
 LOG2E = 1.4426950408889634
+WS_REGIONS = ("qd", "kd", "kr", "gt", "inv", "mqk", "bsig")
 
 
 def gate_constant(lower_bound: float) -> float:
@@ -26,204 +33,139 @@ def gate_constant(lower_bound: float) -> float:
     return float(np.float32(lower_bound * LOG2E))
 
 
-class Program:
-    """The launches of one call, arguments boxed once, replayable for an identical call.
+class Segmentation(NamedTuple):
+    """How cp_seg_tables cuts the sequences (cp_plan.device_segment_tables is its twin):
+    c_n = max(1, min(ceil(tiles_n / seg_len), max_count, tiles_n // min_tiles)) segments for
+    sequence n, at most max_segments in all (the grids' bound)."""
 
-    A steady-state caller (same tensors, shapes and stream) replays the program: the host cost is
-    then the kernel launches alone, which matters when the GPU work is a few hundred microseconds.
-    A program holds workspace pointers, so it is valid only while the arena keeps its buffer.
-    """
-
-    def __init__(self, lib: KernelLibrary, device_id: int, stream: int):
-        self.lib, self.device_id, self.stream = lib, device_id, stream
-        self.steps: list = []
-        self.arena_base = 0
-
-    def kernel(self, name: str):
-        return self.add_call(self.lib.kernel(name))
-
-    def add_call(self, kernel):
-        return lambda *values: self.steps.append((kernel, kernel.prepare(*values)))
-
-    def upload(self, blob: np.ndarray, dst: int) -> None:
-        self.steps.append((_upload, (blob, dst, self.stream)))
-
-    def valid(self) -> bool:
-        return ARENA.base(self.device_id, self.stream) == self.arena_base
-
-    def run(self) -> None:
-        self.lib.set_device(self.device_id)
-        if not any(fn is _upload for fn, _ in self.steps):
-            _forget_upload(self.stream)  # this call's workspace may overlap uploaded CP tables
-        for fn, args in self.steps:
-            if fn is _upload:
-                _upload(*args)
-            else:
-                fn.launch(args)
+    seg_len: int
+    max_count: int
+    min_tiles: int
+    max_segments: int
 
 
-def record_sequence_tables(prog: Program, problem: Problem, cu: Optional[TensorDesc], ptrs: Dict[str, int]) -> None:
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """A call's program and the workspace bytes it needs."""
+
+    program: Program
+    workspace_bytes: int
+    kind: str  # "serial", "cp" or "empty"
+    segmentation: Optional[Segmentation] = None
+
+
+def _workspace_args(off) -> dict:
+    return {f"ws_{name}": ws(off[name]) for name in WS_REGIONS}
+
+
+def _sequence_tables(prog: Program, problem: Problem, off, n_seq: int) -> None:
+    tables = dict(seq_start=ws(off["seq_start"]), tile_prefix=ws(off["tile_prefix"]), n_seq=n_seq, stream=STREAM)
     if problem.varlen:
-        prog.kernel(f"seq_tables_{problem.cu_dtype}")(cu.ptr, ptrs["seq_start"], ptrs["tile_prefix"], problem.N,
-                                                      prog.stream)
+        prog.add(f"seq_tables_{problem.cu_dtype}", dict(tables, cu_seqlens=Ref("cu_seqlens"),
+                                                        t_total=problem.B * problem.T))
     else:
-        prog.kernel("seq_tables_dense")(ptrs["seq_start"], ptrs["tile_prefix"], problem.N, problem.T, prog.stream)
+        prog.add("seq_tables_dense", dict(tables, seq_len=problem.T))
 
 
-def serial_program(lib: KernelLibrary, problem: Problem, t: Dict[str, Optional[TensorDesc]], stream: int,
-                   sm_count: int, value_split: Optional[int] = None) -> Program:
-    """The serial path's launches. `t` maps argument names to descriptors (outputs resolved)."""
+def _k1(prog: Program, problem: Problem, off, n_seq: int, cap: int) -> None:
+    prog.add("k1_prepare", dict(
+        q=Ref("q"), k=Ref("k"), g=Ref("g"), beta=Ref("beta"), a_log=Ref("A_log"), dt_bias=Ref("dt_bias"),
+        seq_start=ws(off["seq_start"]), tile_prefix=ws(off["tile_prefix"]), **_workspace_args(off),
+        t_total=problem.B * problem.T, n_seq=n_seq, n_heads=problem.H, cap=cap, scale=problem.scale,
+        gate_c=gate_constant(problem.lower_bound), stream=STREAM))
+
+
+def serial_layout(problem: Problem):
+    # the same capacity plan_serial gives K1 and K2 (varlen inputs have B == 1)
+    return workspace_layout(problem.H, planner.tile_capacity(problem.T, problem.N, problem.varlen), problem.N)
+
+
+def cp_tile_capacity(problem: Problem, seg: Segmentation) -> int:
+    return max(1, planner.tile_capacity(problem.B * problem.T, seg.max_segments, True))
+
+
+def workspace_bytes(problem: Problem, seg: Optional[Segmentation]) -> int:
+    """Bytes of workspace the call needs (0 for empty work)."""
+    if problem.N == 0 or problem.H == 0:
+        return 0
+    if seg is None:
+        return serial_layout(problem).nbytes
+    return cp_layout(problem.H, cp_tile_capacity(problem, seg), problem.N, seg.max_segments).nbytes
+
+
+def serial_launch(lib: KernelLibrary, problem: Problem, sm_count: int, value_split: Optional[int] = None) -> Launch:
     plan = planner.plan_serial(T=problem.T, N=problem.N, H=problem.H, varlen=problem.varlen,
                                has_initial=problem.has_initial, has_final=problem.has_final,
                                state_dtype=problem.state_dtype, sm_count=sm_count,
                                value_split_override=value_split)
-    prog = Program(lib, problem.device_id, stream)
+    prog = Program(lib, problem.device_id)
     if problem.N == 0 or problem.H == 0:
-        return prog  # empty work: nothing to launch (spec 1.4)
-    t_total = problem.B * problem.T
-    layout = workspace_layout(problem.H, plan.tile_capacity, problem.N)
-    prog.arena_base = base = ARENA.get(problem.device_id, stream, layout.nbytes)
-    p = layout.pointers(base)
-    record_sequence_tables(prog, problem, t.get("cu_seqlens"), p)
-    ws = (p["qd"], p["kd"], p["kr"], p["gt"], p["inv"], p["mqk"], p["bsig"])
-    sizes = (t_total, problem.N, problem.H, plan.tile_capacity)
-    if plan.tile_capacity > 0:
-        prog.kernel("k1_prepare")(t["q"].ptr, t["k"].ptr, t["g"].ptr, t["beta"].ptr, t["A_log"].ptr, t["dt_bias"].ptr,
-           p["seq_start"], p["tile_prefix"], *ws, *sizes, problem.scale, gate_constant(problem.lower_bound), stream)
-    initial = t.get("initial_state")
-    final = t.get("final_state")
-    prog.add_call(k2_variant(lib, plan.k2_constants))(
-        t["v"].ptr, t["out"].ptr, *ws, p["seq_start"], p["tile_prefix"],
-        initial.ptr if initial is not None else 0, final.ptr if final is not None else 0, *sizes, stream)
-    return prog
-
-
-_VARIANTS: Dict[tuple, object] = {}
-
-
-def k2_variant(lib: KernelLibrary, constants: Dict[str, object]):
-    """The K2 kernel for these constants (looked up once per library and constants)."""
-    key = (id(lib), tuple(sorted(constants.items())))
-    kernel = _VARIANTS.get(key)
-    if kernel is None:
-        kernel = _VARIANTS[key] = planner.select_variant(lib.kernels.values(), "k2_recurrence", constants)
-    return kernel
-
-
-@functools.lru_cache(maxsize=None)
-def serial_available(lib: KernelLibrary) -> bool:
-    return lib.has("k1_prepare") and any(k.entry == "k2_recurrence" for k in lib.kernels.values())
-
-
-# ---------------------------------------------------------------------------------------------
-# Intracard context parallelism (spec 4): K1 once -> pre_scan -> merge -> segmented K2, whose last
-# segments write the final states.
-
-STATE_BYTES = 128 * 128 * 4  # one fp32 [V, K] state
+        return Launch(prog.finish(), 0, "empty")  # nothing to compute or write (spec 1.4)
+    cap = plan.tile_capacity
+    layout = serial_layout(problem)
+    off = layout.pointers(0)
+    _sequence_tables(prog, problem, off, problem.N)
+    if cap > 0:
+        _k1(prog, problem, off, problem.N, cap)
+    k2 = planner.select_variant(lib.kernels.values(), "k2_recurrence", plan.k2_constants)
+    prog.add(k2.name, dict(
+        v=Ref("v"), out=Ref("out"), **_workspace_args(off), seq_start=ws(off["seq_start"]),
+        tile_prefix=ws(off["tile_prefix"]),
+        initial_state=Ref("initial_state") if problem.has_initial else NULL,
+        final_state=Ref("final_state") if problem.has_final else NULL,
+        t_total=problem.B * problem.T, n_seq=problem.N, n_heads=problem.H, cap=cap, stream=STREAM))
+    return Launch(prog.finish(), layout.nbytes, "serial")
 
 
 @functools.lru_cache(maxsize=None)
 def cp_available(lib: KernelLibrary) -> bool:
     return all(any(k.entry == e for k in lib.kernels.values())
-               for e in ("cp_pre_scan", "cp_merge", "k2_segments", "k2_recurrence"))
+               for e in ("cp_seg_tables", "cp_pre_scan", "cp_merge", "k2_segments", "k2_recurrence"))
 
 
-@dataclasses.dataclass(frozen=True)
-class CPLaunch:
-    """Everything a CP call derives from (plan, heads, tile capacity), computed once per shape."""
-
-    blob: np.ndarray  # the int32 tables, uploaded as one copy
-    table_offsets: Dict[str, int]  # byte offset of each table inside the blob
-    layout: WorkspaceLayout
-    n_scan: int
-
-
-@functools.lru_cache(maxsize=64)
-def cp_launch(plan: cp_plan.CPPlan, n_heads: int, tile_cap: int) -> CPLaunch:
-    seg_start, seg_prefix = cp_plan.segment_tables(plan)
-    scan = cp_plan.non_last_segments(plan, longest_first=True)
-    tables = {
-        "seg_start": seg_start, "seg_prefix": seg_prefix, "scan_seg": scan or [0],
-        "seg_first": [f for f, _ in plan.per_seq], "seg_count": [c for _, c in plan.per_seq],
-        "final_slot": cp_plan.final_slots(plan),
-    }
-    offsets, at = {}, 0
-    for name, values in tables.items():
-        offsets[name] = at
-        at += 4 * len(values)
-    blob = np.concatenate([np.asarray(v, np.int32) for v in tables.values()])
-    blob.setflags(write=False)
-    # K1's workspace for the segment tables, then the CP scratch (spec 4.7).
-    base = workspace_layout(n_heads, tile_cap, plan.n_segments)
-    regions, offset = dict(base.regions), base.nbytes
-    scratch = plan.n_segments * n_heads * STATE_BYTES
-    for name, nbytes in [("tables", blob.nbytes)] + [(n, scratch) for n in ("b_seg", "m_seg", "carries")]:
-        regions[name] = (offset, nbytes)
-        offset = -(-(offset + nbytes) // 256) * 256
-    return CPLaunch(blob, offsets, WorkspaceLayout(regions, offset), len(scan))
-
-
-# The last segment tables uploaded per stream, with their destination. The host copy stays alive
-# (a copy captured into a CUDA graph reads its source at every replay), and an identical upload
-# to the same place is skipped: nothing but a CP call writes that region, and every serial call
-# forgets the record (its workspace may overlap the region).
-_UPLOADS: Dict[int, tuple] = {}
-
-
-def _forget_upload(stream: int) -> None:
-    _UPLOADS.pop(stream, None)
-
-
-def _upload(blob: np.ndarray, dst: int, stream: int) -> None:
-    from cuda.bindings import driver
-
-    from .streams import is_capturing
-
-    last = _UPLOADS.get(stream)
-    if last is not None and last[0] == dst and last[1] is blob and not is_capturing(stream):
-        return
-    _UPLOADS[stream] = (dst, blob)
-    (err,) = driver.cuMemcpyHtoDAsync(dst, blob.ctypes.data, blob.nbytes, driver.CUstream(stream))
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise KdaError(f"uploading the CP segment tables failed: {err}")
-
-
-def cp_program(lib: KernelLibrary, problem: Problem, t: Dict[str, Optional[TensorDesc]], stream: int,
-               plan: cp_plan.CPPlan, sm_count: int, value_split: Optional[int] = None) -> Program:
-    """The CP sequence's launches for a non-trivial plan."""
-    prog = Program(lib, problem.device_id, stream)
-    H, n_seg, N = problem.H, plan.n_segments, problem.N
-    split = value_split or planner.value_split(n_seg, H, sm_count)
+def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count: int,
+              value_split: Optional[int] = None) -> Launch:
+    """The CP sequence for up to `seg.max_segments` segments, cut on the device."""
+    H, N, S = problem.H, problem.N, seg.max_segments
+    split = value_split or planner.value_split(S, H, sm_count)
     vb = planner.D // split
-    tile_cap = max(1, planner.tile_capacity(problem.B * problem.T, n_seg, True))
-    launch = cp_launch(plan, H, tile_cap)
-    prog.arena_base = base = ARENA.get(problem.device_id, stream, launch.layout.nbytes)
-    p = launch.layout.pointers(base)
-    offsets = {name: p["tables"] + off for name, off in launch.table_offsets.items()}
-    prog.upload(launch.blob, p["tables"])
-    ws = (p["qd"], p["kd"], p["kr"], p["gt"], p["inv"], p["mqk"], p["bsig"])
     t_total = problem.B * problem.T
-    seg_tables = (offsets["seg_start"], offsets["seg_prefix"])
-    prog.kernel("k1_prepare")(t["q"].ptr, t["k"].ptr, t["g"].ptr, t["beta"].ptr, t["A_log"].ptr, t["dt_bias"].ptr,
-                              *seg_tables, *ws, t_total, n_seg, H, tile_cap, problem.scale,
-                             gate_constant(problem.lower_bound), stream)
-    n_scan = launch.n_scan
-    if n_scan:
-        prog.kernel(f"cp_pre_scan_vb{vb}")(t["v"].ptr, p["kd"], p["kr"], p["gt"], p["inv"], p["bsig"], *seg_tables,
-                                          offsets["scan_seg"], p["b_seg"], p["m_seg"], n_scan, H, tile_cap, stream)
-    initial = t.get("initial_state")
-    merge = "nostate" if initial is None else ("f32" if problem.state_dtype == "float32" else "bf16")
-    prog.kernel(f"cp_merge_{merge}")(p["m_seg"], p["b_seg"], initial.ptr if initial is not None else 0, p["carries"],
-                                    offsets["seg_first"], offsets["seg_count"], N, H, stream)
+    cap = cp_tile_capacity(problem, seg)
+    layout = cp_layout(H, cap, N, S)
+    off = layout.pointers(0)
+    prog = Program(lib, problem.device_id)
+    tables = dict(seg_start=ws(off["seq_start"]), seg_prefix=ws(off["tile_prefix"]), scan_seg=ws(off["scan_seg"]),
+                  seg_first=ws(off["seg_first"]), seg_count=ws(off["seg_count"]), final_slot=ws(off["final_slot"]),
+                  n_seq=N, seg_len=seg.seg_len, max_count=seg.max_count, min_tiles=seg.min_tiles, max_segments=S,
+                  stream=STREAM)
+    if problem.varlen:
+        prog.add(f"cp_seg_tables_{problem.cu_dtype}", dict(tables, cu_seqlens=Ref("cu_seqlens"), t_total=t_total))
+    else:
+        prog.add("cp_seg_tables_dense", dict(tables, seq_len=problem.T))
+    _k1(prog, problem, off, S, cap)
+    seg_tables = dict(seq_start=ws(off["seq_start"]), tile_prefix=ws(off["tile_prefix"]))
+    n_scan = S - N  # a bound on the non-last segments; scan_seg marks the unused entries -1
+    if n_scan > 0:
+        prog.add(f"cp_pre_scan_vb{vb}", dict(
+            v=Ref("v"), ws_kd=ws(off["kd"]), ws_kr=ws(off["kr"]), ws_gt=ws(off["gt"]), ws_inv=ws(off["inv"]),
+            ws_bsig=ws(off["bsig"]), **seg_tables, scan_seg=ws(off["scan_seg"]), b_seg=ws(off["b_seg"]),
+            m_seg=ws(off["m_seg"]), n_scan=n_scan, n_heads=H, cap=cap, stream=STREAM))
+    merge = "nostate" if not problem.has_initial else ("f32" if problem.state_dtype == "float32" else "bf16")
+    prog.add(f"cp_merge_{merge}", dict(
+        m_seg=ws(off["m_seg"]), b_seg=ws(off["b_seg"]),
+        initial_state=Ref("initial_state") if problem.has_initial else NULL, carries=ws(off["carries"]),
+        seg_first=ws(off["seg_first"]), seg_count=ws(off["seg_count"]), n_seq=N, n_heads=H, stream=STREAM))
     # Segments start from their carries (fp32, rounded to bf16 on entry exactly as serial K2 rounds
     # an fp32 initial state); each sequence's last segment writes its final state.
-    final = t.get("final_state")
-    sizes = (t_total, n_seg, H, tile_cap, stream)
-    if final is None:
-        k2 = k2_variant(lib, {"has_initial": True, "has_final": False, "state_fp32": True, "value_block": vb})
-        prog.add_call(k2)(t["v"].ptr, t["out"].ptr, *ws, *seg_tables, p["carries"], 0, *sizes)
+    sizes = dict(t_total=t_total, n_seq=S, n_heads=H, cap=cap, stream=STREAM)
+    common = dict(v=Ref("v"), out=Ref("out"), **_workspace_args(off), **seg_tables)
+    if not problem.has_final:
+        k2 = planner.select_variant(lib.kernels.values(), "k2_recurrence",
+                                    {"has_initial": True, "has_final": False, "state_fp32": True, "value_block": vb})
+        prog.add(k2.name, dict(common, initial_state=ws(off["carries"]), final_state=NULL, **sizes))
     else:
         dtype = "f32" if problem.state_dtype == "float32" else "bf16"
-        prog.kernel(f"k2_segments_{dtype}_vb{vb}")(t["v"].ptr, t["out"].ptr, *ws, *seg_tables, p["carries"], final.ptr,
-                                                   offsets["final_slot"], *sizes)
-    return prog
+        prog.add(f"k2_segments_{dtype}_vb{vb}", dict(common, carries=ws(off["carries"]),
+                                                     final_state=Ref("final_state"),
+                                                     final_slot=ws(off["final_slot"]), **sizes))
+    return Launch(prog.finish(), layout.nbytes, "cp", seg)

@@ -103,6 +103,9 @@ class KernelLibrary:
         self.manifest: dict = json.loads(manifest_path.read_text())
         self._lock = threading.Lock()
         self._lib = ctypes.CDLL(str(self.path))
+        # kda_run is called through PyDLL, which keeps the GIL for the call: one prefill's launches
+        # then reach the stream together, never interleaved with another thread's.
+        self._run = ctypes.PyDLL(str(self.path)).kda_run
         self._declare()
         self.kernels: Dict[str, Kernel] = {}
         count = self._lib.kda_kernel_count()
@@ -132,6 +135,19 @@ class KernelLibrary:
         lib.kda_load.argtypes = [ctypes.c_int32]
         lib.kda_launch.restype = ctypes.c_int32
         lib.kda_launch.argtypes = [ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int32]
+        self._run.restype = ctypes.c_int32
+        self._run.argtypes = [ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32,
+                              ctypes.c_char_p, ctypes.c_int32]
+
+    def run(self, device_id: int, steps_ptr: int, n_steps: int, slots_ptr: int, n_slots: int, inputs: bytes,
+            n_inputs: int) -> int:
+        """kda_run (build_kernels/shim/kda_shim.c): 0, or the failing step's CUDA error | step << 16."""
+        return self._run(device_id, steps_ptr, n_steps, slots_ptr, n_slots, inputs, n_inputs)
+
+    def raise_run_error(self, code: int, kernel_names) -> None:
+        step, err = code >> 16, code & 0xFFFF
+        name = kernel_names[step] if 0 <= step < len(kernel_names) else f"step {step}"
+        self._check(err, f"kernel {name}")
 
     def _check(self, code: int, what: str) -> None:
         if code != 0:
@@ -143,6 +159,10 @@ class KernelLibrary:
             return self.kernels[name]
         except KeyError:
             raise KdaError(f"kernel {name} is not in this build ({self.path})") from None
+
+    def ensure_loaded(self, names) -> None:
+        for name in names:
+            self.kernel(name).ensure_loaded()
 
     def has(self, name: str) -> bool:
         return name in self.kernels

@@ -1,10 +1,9 @@
-"""The workspace: its layout (pure arithmetic) and a grow-only arena per (device, stream).
+"""The workspace: its layout (pure arithmetic) and the arena used by callers without torch.
 
 The layout is docs/kernel_abi.md's table: one region per workspace quantity, each 256-byte
-aligned, sized from (heads, tile capacity, sequences). The arena hands out one allocation per
-(device, stream) and only ever grows it, so steady-state calls allocate nothing. Reuse across calls
-is safe because every producer and consumer of the workspace is ordered on that one stream
-(spec 6.13); callers on several streams get separate arenas.
+aligned, sized from (heads, tile capacity, sequences, segments). Where the memory comes from is the
+call path's choice (docs/call_path.md): the caller's `workspace=`, torch's caching allocator on the
+call's stream, or, for other frameworks, the bounded arena below.
 """
 
 from __future__ import annotations
@@ -53,47 +52,114 @@ def workspace_layout(n_heads: int, tile_capacity: int, n_seq: int) -> WorkspaceL
     return WorkspaceLayout(regions, offset)
 
 
+STATE_BYTES = 128 * 128 * 4  # one fp32 [V, K] state: the CP scratch per (segment, head)
+
+
+def cp_layout(n_heads: int, tile_capacity: int, n_seq: int, max_segments: int) -> WorkspaceLayout:
+    """A CP call's workspace: K1's regions with the segment tables in place of the sequence tables
+    (`seq_start` / `tile_prefix` sized for `max_segments`), the other segment tables the device
+    builds (cp_seg_tables), then the fp32 scratch of spec 4.7 for every possible segment."""
+    base = workspace_layout(n_heads, tile_capacity, max_segments)
+    regions, offset = dict(base.regions), base.nbytes
+    scratch = max_segments * n_heads * STATE_BYTES
+    for name, nbytes in (("scan_seg", 4 * max_segments), ("seg_first", 4 * n_seq), ("seg_count", 4 * n_seq),
+                         ("final_slot", 4 * max_segments), ("b_seg", scratch), ("m_seg", scratch),
+                         ("carries", scratch)):
+        regions[name] = (offset, nbytes)
+        offset = _round_up(offset + nbytes)
+    return WorkspaceLayout(regions, offset)
+
+
+class CaptureAllocationError(RuntimeError):
+    """A workspace would have to be allocated while the stream is being captured into a graph."""
+
+
 class WorkspaceArena:
-    """Grow-only device buffers keyed by (device, stream handle)."""
+    """Device buffers for callers whose framework has no allocator we can use (CuPy, JAX, raw
+    DLPack): one grow-only buffer per (device, stream), at most MAX_BUFFERS of them.
+
+    A buffer is reused only by work ordered on its own stream, and `lease` holds the arena's lock
+    from handing out the pointer until the call's launches are queued, so two threads sharing a
+    stream never interleave their use of it and a buffer is never freed while a launch that uses it
+    is still being issued. Torch callers never come here: their workspace comes from torch's
+    caching allocator, which is stream-ordered and graph-aware (docs/call_path.md).
+    """
+
+    MAX_BUFFERS = 8
 
     def __init__(self):
         self._buffers: Dict[Tuple[int, int], object] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
-    def get(self, device_id: int, stream_handle: int, nbytes: int) -> int:
-        """Base pointer of at least `nbytes` bytes, valid for work ordered on that stream."""
+    def lease(self, device_id: int, stream_handle: int, nbytes: int):
+        """A context manager yielding the base pointer of at least `nbytes` bytes."""
+        return _Lease(self, device_id, stream_handle, nbytes)
+
+    def _get(self, device_id: int, stream_handle: int, nbytes: int) -> int:
         key = (device_id, stream_handle)
-        with self._lock:
-            buf = self._buffers.get(key)
-            if buf is not None and buf.size >= nbytes:
-                return int(buf.handle)
-            from cuda.core import LEGACY_DEFAULT_STREAM, Device, Stream
+        buf = self._buffers.get(key)
+        if buf is not None and buf.size >= nbytes:
+            return int(buf.handle)
+        from .streams import is_capturing
 
-            device = Device(device_id)
-            device.set_current()
-            stream = LEGACY_DEFAULT_STREAM if stream_handle == 0 else Stream.from_handle(stream_handle)
-            # Grow by at least 1.5x so a slowly increasing T does not reallocate every call.
-            size = max(_round_up(nbytes, 1 << 20), int(buf.size * 1.5) if buf is not None else 0)
-            new = device.allocate(size, stream=stream)
-            if buf is not None:
-                buf.close(stream)  # stream-ordered free: earlier work on this stream finishes first
-            self._buffers[key] = new
-            return int(new.handle)
+        if is_capturing(stream_handle):
+            raise CaptureAllocationError(
+                f"workspace: this call needs {nbytes} bytes of workspace on a stream that is being captured into a "
+                "CUDA graph, and allocating during a capture is not allowed; pass workspace= (a device buffer of "
+                "kda_aot.workspace_size(...) bytes), or make one eager call of this shape on this stream first")
+        from cuda.core import LEGACY_DEFAULT_STREAM, Device, Stream
 
-    def base(self, device_id: int, stream_handle: int) -> int:
-        """The current buffer's address for (device, stream), 0 when there is none."""
-        buf = self._buffers.get((device_id, stream_handle))
-        return int(buf.handle) if buf is not None else 0
+        device = Device(device_id)
+        device.set_current()
+        stream = LEGACY_DEFAULT_STREAM if stream_handle == 0 else Stream.from_handle(stream_handle)
+        if buf is None and len(self._buffers) >= self.MAX_BUFFERS:
+            self._evict_oldest()
+        # Grow by at least 1.5x so a slowly increasing T does not reallocate every call.
+        size = max(_round_up(nbytes, 1 << 20), int(buf.size * 1.5) if buf is not None else 0)
+        new = device.allocate(size, stream=stream)
+        if buf is not None:
+            buf.close(stream)  # stream-ordered free: earlier work on this stream finishes first
+        self._buffers.pop(key, None)
+        self._buffers[key] = new  # newest last: eviction takes the oldest
+        return int(new.handle)
+
+    def _evict_oldest(self) -> None:
+        from cuda.core import Device
+
+        (device_id, _), buf = next(iter(self._buffers.items()))
+        Device(device_id).sync()  # its stream may be gone: wait for everything, then free
+        buf.close()
+        del self._buffers[next(iter(self._buffers))]
 
     def release(self) -> None:
-        """Free every buffer (tests and long-lived processes that change shape once)."""
+        """Free every buffer, after the work queued on their devices has finished."""
+        from cuda.core import Device
+
         with self._lock:
+            for device_id in {d for d, _ in self._buffers}:
+                Device(device_id).sync()
             for buf in self._buffers.values():
                 buf.close()
             self._buffers.clear()
 
     def nbytes(self) -> int:
         return sum(b.size for b in self._buffers.values())
+
+
+class _Lease:
+    def __init__(self, arena: WorkspaceArena, device_id: int, stream_handle: int, nbytes: int):
+        self.arena, self.args = arena, (device_id, stream_handle, nbytes)
+
+    def __enter__(self) -> int:
+        self.arena._lock.acquire()
+        try:
+            return self.arena._get(*self.args)
+        except BaseException:
+            self.arena._lock.release()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.arena._lock.release()
 
 
 ARENA = WorkspaceArena()

@@ -25,8 +25,9 @@ KDA_API const char *kda_error_name(int32_t err) { return cudaGetErrorName(err); 
 
 KDA_API int32_t kda_device_count(int32_t *count) { return cudaGetDeviceCount(count); }
 
-/* This library carries its own static CUDA runtime, whose current device is separate from the
- * framework's: the launcher selects the tensors' device before every launch. */
+/* This library carries its own static CUDA runtime; its current device is the driver context
+ * current on the calling thread, which the caller's framework shares. kda_run selects the
+ * tensors' device for its launches and puts the caller's back afterwards. */
 KDA_API int32_t kda_set_device(int32_t device) { return cudaSetDevice(device); }
 
 /* Loads kernel i's cubin on every visible device. Not thread-safe by itself: the Python loader
@@ -57,4 +58,48 @@ KDA_API int32_t kda_launch(int32_t i, void **args, int32_t n) {
   packed[n] = &ret;
   kda_kernel_table[i].call(packed, n + 1);
   return ret;
+}
+
+/* One prefill call in one native call (docs/call_path.md). A program is a list of steps (kernel,
+ * first argument slot, argument count) and a table of slots, each an 8-byte argument value formed
+ * as (src >= 0 ? inputs[src] : 0) + add: a caller's pointer (plus a workspace offset), or a
+ * constant (an int32 or float keeps its bit pattern in the low bytes, which is where a little-endian
+ * reader of the argument finds it). The program is built once per problem shape and never written
+ * again, so threads share it; `inputs` holds this call's pointers and stream. Returns 0, or the
+ * CUDA error of the step that failed with that step's index in bits 16 and up. */
+typedef struct { int32_t kernel, first, count, reserved; } kda_step;
+typedef struct { int32_t src, reserved; int64_t add; } kda_slot;
+
+#define KDA_MAX_SLOTS 256
+
+KDA_API int32_t kda_run(int32_t device, const kda_step *steps, int32_t n_steps, const kda_slot *slots,
+                        int32_t n_slots, const uint64_t *inputs, int32_t n_inputs) {
+  if (n_slots < 0 || n_slots > KDA_MAX_SLOTS || n_steps < 0) return (int32_t)cudaErrorInvalidValue;
+  uint64_t values[KDA_MAX_SLOTS];
+  for (int32_t j = 0; j < n_slots; ++j) {
+    int32_t src = slots[j].src;
+    if (src >= n_inputs) return (int32_t)cudaErrorInvalidValue;
+    values[j] = (src >= 0 ? inputs[src] : 0) + (uint64_t)slots[j].add;
+  }
+  int previous = -1;
+  cudaError_t err = cudaGetDevice(&previous);
+  if (err != cudaSuccess) return (int32_t)err;
+  if (previous != device && (err = cudaSetDevice(device)) != cudaSuccess) return (int32_t)err;
+  int32_t result = 0;
+  for (int32_t s = 0; s < n_steps && result == 0; ++s) {
+    const kda_step *step = &steps[s];
+    if (step->kernel < 0 || step->kernel >= KDA_KERNEL_COUNT || step->count < 0 || step->count >= KDA_MAX_ARGS ||
+        step->first < 0 || step->first + step->count > n_slots) {
+      result = (int32_t)cudaErrorInvalidValue | (s << 16);
+      break;
+    }
+    void *packed[KDA_MAX_ARGS + 1];
+    int32_t ret = 0;
+    for (int32_t a = 0; a < step->count; ++a) packed[a] = &values[step->first + a];
+    packed[step->count] = &ret;
+    kda_kernel_table[step->kernel].call(packed, step->count + 1);
+    if (ret) result = ret | (s << 16);
+  }
+  if (previous != device) cudaSetDevice(previous);
+  return result;
 }

@@ -1,0 +1,118 @@
+"""What a call of one problem shape needs, decided once: the validated problem, the kernel program,
+the output and workspace sizes, and the pointer checks every call still makes.
+
+A `CallPlan` is built on the first call of a shape from the full validation wall and cached under
+a key of shapes, strides, dtypes, devices, scalars and options: never a pointer and never a
+caller's object, so the cache holds no caller memory alive. A later call of the same key only
+reads its pointers and runs `check_pointers`, the part of the wall that depends on addresses
+(alignment, overlap); on any failure the call re-runs the full wall, so the error it raises is
+the one the wall would have raised first (docs/call_path.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence, Tuple
+
+from . import cp_plan, launcher
+from .launcher import Launch, Segmentation
+from .program import SLOT
+from .validation import Problem
+
+D = 128
+WORKSPACE_ALIGN = 256  # every workspace region is 256-byte aligned relative to the base
+_BIG = 2 ** 31 - 1
+
+
+class UnsafePointers(Exception):
+    """Raised by check_pointers: the call must go through the full wall, which names the argument."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CallPlan:
+    problem: Problem
+    launch: Launch
+    out_shape: Tuple[int, ...]
+    final_shape: Optional[Tuple[int, ...]]  # None without a final state
+    final_dtype: Optional[str]
+    alloc_final: bool  # the call allocates the final state (output_final_state without a buffer)
+    # (input slot, alignment mask) for every non-empty tensor the caller passed
+    align: Tuple[Tuple[int, int], ...]
+    # (slot, nbytes) of every caller-given buffer that is written (out, final_state, workspace),
+    # and of every tensor they must not overlap
+    written: Tuple[Tuple[int, int], ...]
+    read: Tuple[Tuple[int, int], ...]
+    workspace_given: bool
+
+    @property
+    def workspace_bytes(self) -> int:
+        return self.launch.workspace_bytes
+
+    def check_pointers(self, ptrs: Sequence[int]) -> None:
+        for slot, mask in self.align:
+            if ptrs[slot] & mask:
+                raise UnsafePointers
+        written = self.written
+        if written:
+            spans = [(ptrs[s], ptrs[s] + n) for s, n in written]
+            for i, (a0, a1) in enumerate(spans):
+                for s, n in self.read:
+                    b0 = ptrs[s]
+                    if a0 < b0 + n and b0 < a1:
+                        raise UnsafePointers
+                for b0, b1 in spans[i + 1:]:
+                    if a0 < b1 and b0 < a1:
+                        raise UnsafePointers
+
+
+def segmentation(problem: Problem, lengths: Optional[Tuple[int, ...]], sm_count: int) -> Optional[Segmentation]:
+    """The CP cut for this call, or None for the serial path.
+
+    With host lengths (dense inputs, or a `seq_lens` / `cu_seqlens_cpu` hint) the host planner
+    decides, and the device builds exactly its tables. With device `cu_seqlens` only, the host
+    chooses a segment length from T, N, H and the SM count that bounds the segment count for any
+    lengths (cp_plan.device_plan), and the device cuts each sequence.
+    """
+    if problem.cp == "off" or problem.N == 0 or problem.H == 0:
+        return None
+    if lengths is not None:
+        plan = cp_plan.plan_prefill(lengths, problem.H, sm_count=sm_count, mode=problem.cp)
+        if plan.trivial:
+            return None
+        if isinstance(problem.cp, int):
+            return Segmentation(1, problem.cp, cp_plan.MIN_SEG_TILES, plan.n_segments)
+        return Segmentation(plan.seg_len, _BIG, cp_plan.AUTO_MIN_SEG_TILES, plan.n_segments)
+    found = cp_plan.device_plan(problem.B * problem.T, problem.N, problem.H, sm_count, problem.cp)
+    return None if found is None else Segmentation(*found)
+
+
+def build(lib, problem: Problem, *, lengths: Optional[Tuple[int, ...]], sm_count: int,
+          value_split: Optional[int], given: dict, nbytes: dict, alignment: dict) -> CallPlan:
+    """`given`: argument name -> bool (passed by the caller); `nbytes`: size of each given tensor;
+    `alignment`: the bytes each pointer argument must be aligned to (validation's table)."""
+    seg = segmentation(problem, lengths, sm_count)
+    if seg is not None and not launcher.cp_available(lib):
+        if problem.cp == "auto":
+            seg = None
+        else:
+            raise NotImplementedError("cp: this build has no context-parallel kernels (see kda_aot.info())")
+    if seg is None:
+        launch = launcher.serial_launch(lib, problem, sm_count, value_split)
+    else:
+        launch = launcher.cp_launch(lib, problem, seg, sm_count, value_split)
+    nbytes = dict(nbytes, workspace=launch.workspace_bytes if given.get("workspace") else 0)
+    align = [(SLOT[name], alignment[name] - 1) for name, g in given.items()
+             if g and name != "workspace" and nbytes[name] > 0 and alignment.get(name, 1) > 1]
+    if given.get("workspace"):
+        align.append((SLOT["workspace"], WORKSPACE_ALIGN - 1))
+    written = [(SLOT[n], nbytes[n]) for n in ("out", "final_state", "workspace") if given.get(n) and nbytes[n] > 0]
+    read = [(SLOT[n], nbytes[n]) for n in ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state",
+                                           "cu_seqlens") if given.get(n) and nbytes[n] > 0]
+    has_final = problem.has_final
+    return CallPlan(
+        problem=problem, launch=launch, out_shape=(problem.B, problem.T, problem.H, D),
+        final_shape=(problem.N, problem.H, D, D) if has_final else None,
+        final_dtype=problem.state_dtype if has_final else None,
+        alloc_final=has_final and not given.get("final_state"),
+        align=tuple(align), written=tuple(written), read=tuple(read),
+        workspace_given=bool(given.get("workspace")))
