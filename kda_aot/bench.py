@@ -106,6 +106,62 @@ def fla_runner(x, cu, H):
     return run
 
 
+def eager_runner(x, cu, lens, n_sets: int = 4, hint: bool = False):
+    """A serving loop's call: device cu_seqlens (and `seq_lens` when `hint`), outputs allocated by
+    prefill, inputs cycling through `n_sets` copies so every call sees new pointers."""
+    import kda_aot
+
+    sets = [{k: t.clone() for k, t in x.items()} for _ in range(n_sets)]
+    cus = [cu.clone() for _ in range(n_sets)]
+    state = {"i": 0}
+
+    def run():
+        i = state["i"] = (state["i"] + 1) % n_sets
+        y = sets[i]
+        return kda_aot.prefill(y["q"], y["k"], y["v"], y["g"], y["beta"], A_log=y["A_log"], dt_bias=y["dt_bias"],
+                               initial_state=y["initial_state"], output_final_state=True, cu_seqlens=cus[i],
+                               seq_lens=list(lens) if hint else None)
+    return run
+
+
+def graph_runner(x, cu):
+    """The eager call (device cu_seqlens only) captured once into a CUDA graph, replayed."""
+    import torch
+
+    import kda_aot
+
+    def call():
+        return kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+                               initial_state=x["initial_state"], output_final_state=True, cu_seqlens=cu)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()  # warm-up: the plan is built outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return graph.replay
+
+
+def host_us(fn, calls: int = 200) -> float:
+    """Host time per call with the GPU kept busy (a long sleep kernel queued first), so no call
+    waits for the device: what the caller's thread spends in prefill."""
+    import time
+
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(2e9))
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = (time.perf_counter() - t0) / calls * 1e6
+    torch.cuda.synchronize()
+    return elapsed
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kda_aot.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--suite", choices=("serial", "cp", "all"), default="serial")
@@ -130,38 +186,89 @@ def main(argv=None) -> int:
         return sweep_cp(args)
     bw = copy_bandwidth()
     print(f"kda-aot {kda_aot.__version__} on {torch.cuda.get_device_name()}, copy bandwidth {bw / 1e12:.2f} TB/s, "
-          f"median of {args.iters} after {args.warmup} warm-ups", flush=True)
+          f"median of {args.iters} CUDA-event timings around single calls after {args.warmup} warm-ups", flush=True)
+    print("modes: kernels = identical tensors with host lengths and given outputs (kernel time only); eager = device "
+          "cu_seqlens only, fresh inputs and outputs every call; eager+seq_lens = the same with the host hint; "
+          "graph = the eager call replayed from a CUDA graph. host us = the caller's thread per call.", flush=True)
     splits = args.value_split or []
-    header = ["H", "sequences", "floor ms", "serial ms", "auto ms", "auto plan"] + [
-        f"serial split {s} ms" for s in splits] + ["FLA ms", "FlashKDA ms (peers_h200.md)"]
+    header = ["H", "sequences", "floor ms", "kernels ms", "eager ms", "eager+seq_lens ms", "graph ms", "plan"] + [
+        f"serial split {s} ms" for s in splits] + ["FLA ms", "FlashKDA ms (published, same H200 kind)",
+                                                    "host us eager / +seq_lens / given buffers"]
     rows = []
     for H, lens in cases:
         x, cu, out, final = make_case(H, lens)
-        call = lambda split=None, cp="off": kda_aot.prefill(
+        call = lambda split=None, cp="auto": kda_aot.prefill(
             x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
             initial_state=x["initial_state"], output_final_state=True, cu_seqlens=cu, seq_lens=lens,
             out=out, final_state=final, cp=cp, value_split=split)
-        ms = time_ms(call, args.iters, args.warmup)
-        auto_ms = time_ms(lambda: call(cp="auto"), args.iters, args.warmup)
+        kernels_ms = time_ms(call, args.iters, args.warmup)
+        eager, hinted = eager_runner(x, cu, lens), eager_runner(x, cu, lens, hint=True)
+        eager_ms = time_ms(eager, args.iters, args.warmup)
+        hinted_ms = time_ms(hinted, args.iters, args.warmup)
+        replay = graph_runner(x, cu)
+        graph_ms = time_ms(replay, args.iters, args.warmup)
+        host = (host_us(eager), host_us(hinted), host_us(call))
         plan = kda_aot.plan_prefill(lens, H, sm_count=torch.cuda.get_device_properties(0).multi_processor_count)
         plan_text = "serial" if plan.trivial else f"{plan.n_segments} segments (max {plan.max_segment_tiles} tiles)"
-        split_ms = [time_ms(lambda s=s: call(s), args.iters, args.warmup) for s in splits]
+        split_ms = [time_ms(lambda s=s: call(s, "off"), args.iters, args.warmup) for s in splits]
         fla = None if args.no_fla else fla_runner(x, cu, H)
         fla_ms = time_ms(fla, args.iters, args.warmup) if fla else None
         key = shape_key(lens)
-        row = [H, key, floor_bytes(H, lens) / bw * 1e3, ms, auto_ms, plan_text, *split_ms, fla_ms,
-               FLASHKDA_MS.get((H, key))]
+        row = [H, key, floor_bytes(H, lens) / bw * 1e3, kernels_ms, eager_ms, hinted_ms, graph_ms, plan_text,
+               *split_ms, fla_ms, FLASHKDA_MS.get((H, key)), " / ".join(f"{h:.1f}" for h in host)]
         rows.append(row)
         print("  " + " | ".join(_fmt(c) for c in row), flush=True)
-        x = cu = out = final = None  # free this shape's tensors before the next one
+        x = cu = out = final = eager = hinted = replay = None  # free this shape's tensors before the next one
+        torch.cuda.synchronize()
         torch.cuda.empty_cache()
     table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     table += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
+    table += ["", host_cost_table()]
     print("\n".join(table))
     if args.md:
         with open(args.md, "w") as f:
             f.write("\n".join(table) + "\n")
     return 0
+
+
+def host_cost_table(calls: int = 3000, n_sets: int = 64) -> str:
+    """Host cost of small calls (T=16, H=1; H=4 [8192] for CP), fresh tensors cycling through
+    `n_sets` sets as a serving loop would: the issue's budget lines."""
+    import torch
+
+    import kda_aot
+
+    def sets(H, lens, n):
+        out = []
+        for _ in range(n):
+            x, cu, o, f = make_case(H, lens)
+            out.append((x, cu, o, f, torch.empty(kda_aot.workspace_size(
+                x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+                initial_state=x["initial_state"], output_final_state=True, cu_seqlens=cu), dtype=torch.uint8,
+                device="cuda")))
+        return out
+
+    def looping(pool, given=False, varlen=True):
+        it = {"i": 0}
+
+        def run():
+            it["i"] = (it["i"] + 1) % len(pool)
+            x, cu, o, f, ws = pool[it["i"]]
+            buffers = dict(out=o, final_state=f, workspace=ws) if given else {}
+            return kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+                                   initial_state=x["initial_state"], output_final_state=True,
+                                   cu_seqlens=cu if varlen else None, **buffers)
+        return run
+
+    small, cp = sets(1, [16], n_sets), sets(4, [8192], 8)
+    lines = ["| host us per call (fresh tensors) | value |", "|---|---|"]
+    for label, fn in (("serial, dense, outputs allocated", looping(small, varlen=False)),
+                      ("serial, varlen cu_seqlens only, outputs allocated", looping(small)),
+                      ("serial, varlen, out= final_state= workspace= given", looping(small, given=True)),
+                      ("CP auto H=4 [8192], cu_seqlens only, outputs allocated", looping(cp)),
+                      ("CP auto H=4 [8192], buffers given", looping(cp, given=True))):
+        lines.append(f"| {label} | {host_us(fn, calls if 'CP' not in label else 500):.1f} |")
+    return "\n".join(lines)
 
 
 def sweep_cp(args) -> int:

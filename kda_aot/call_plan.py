@@ -21,7 +21,6 @@ from .validation import Problem
 
 D = 128
 WORKSPACE_ALIGN = 256  # every workspace region is 256-byte aligned relative to the base
-_BIG = 2 ** 31 - 1
 
 
 class UnsafePointers(Exception):
@@ -79,9 +78,7 @@ def segmentation(problem: Problem, lengths: Optional[Tuple[int, ...]], sm_count:
         plan = cp_plan.plan_prefill(lengths, problem.H, sm_count=sm_count, mode=problem.cp)
         if plan.trivial:
             return None
-        if isinstance(problem.cp, int):
-            return Segmentation(1, problem.cp, cp_plan.MIN_SEG_TILES, plan.n_segments)
-        return Segmentation(plan.seg_len, _BIG, cp_plan.AUTO_MIN_SEG_TILES, plan.n_segments)
+        return Segmentation(plan.seg_len, plan.max_count, plan.min_tiles, plan.n_segments)
     found = cp_plan.device_plan(problem.B * problem.T, problem.N, problem.H, sm_count, problem.cp)
     return None if found is None else Segmentation(*found)
 
