@@ -63,11 +63,12 @@ class Variant:
 
 
 def _seq_tables() -> List[Variant]:
-    """Sequence tables (docs/kernel_abi.md) from cu_seqlens of either integer type, or dense."""
+    """Sequence tables (docs/kernel_abi.md) from cu_seqlens of either integer type, clamped to
+    [0, t_total] so any content is safe, or dense."""
     tables = (ptr("seq_start", "int32", 4), ptr("tile_prefix", "int32", 4), scalar("n_seq", "i32"))
     variants = [
         Variant(f"seq_tables_{cu}", "varlen_tiles", "seq_tables_varlen",
-                (ptr("cu_seqlens", cu, 8 if cu == "int64" else 4),) + tables + (STREAM,))
+                (ptr("cu_seqlens", cu, 8 if cu == "int64" else 4),) + tables + (scalar("t_total", "i32"), STREAM))
         for cu in ("int32", "int64")
     ]
     variants.append(Variant("seq_tables_dense", "varlen_tiles", "seq_tables_dense",

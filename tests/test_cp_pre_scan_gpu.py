@@ -76,7 +76,8 @@ class _Problem:
         self.p = p = layout.pointers(self.ws.data_ptr())
         self.stream = torch.cuda.current_stream().cuda_stream
         cu = torch.tensor(self.seg_cu, dtype=torch.int32, device="cuda")
-        lib.kernel("seq_tables_int32")(cu.data_ptr(), p["seq_start"], p["tile_prefix"], self.n_seg, self.stream)
+        lib.kernel("seq_tables_int32")(cu.data_ptr(), p["seq_start"], p["tile_prefix"], self.n_seg, self.T,
+                                       self.stream)
         lib.kernel("k1_prepare")(x["q"].data_ptr(), x["k"].data_ptr(), x["g"].data_ptr(), x["beta"].data_ptr(),
                                  x["A_log"].data_ptr(), x["dt_bias"].data_ptr(), p["seq_start"], p["tile_prefix"],
                                  p["qd"], p["kd"], p["kr"], p["gt"], p["inv"], p["mqk"], p["bsig"],
