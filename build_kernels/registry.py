@@ -63,11 +63,12 @@ class Variant:
 
 
 def _seq_tables() -> List[Variant]:
-    """Sequence tables (docs/kernel_abi.md) from cu_seqlens of either integer type, or dense."""
+    """Sequence tables (docs/kernel_abi.md) from cu_seqlens of either integer type, clamped to
+    [0, t_total] so any content is safe, or dense."""
     tables = (ptr("seq_start", "int32", 4), ptr("tile_prefix", "int32", 4), scalar("n_seq", "i32"))
     variants = [
         Variant(f"seq_tables_{cu}", "varlen_tiles", "seq_tables_varlen",
-                (ptr("cu_seqlens", cu, 8 if cu == "int64" else 4),) + tables + (STREAM,))
+                (ptr("cu_seqlens", cu, 8 if cu == "int64" else 4),) + tables + (scalar("t_total", "i32"), STREAM))
         for cu in ("int32", "int64")
     ]
     variants.append(Variant("seq_tables_dense", "varlen_tiles", "seq_tables_dense",
@@ -160,10 +161,26 @@ def _cp_pre_scan() -> List[Variant]:
             for vb in VALUE_BLOCKS]
 
 
+def _cp_seg_tables() -> List[Variant]:
+    """CP segment tables built on the device from cu_seqlens (any content) or the dense shape
+    (docs/kernel_abi.md; twin: kda_aot.cp_plan.device_segment_tables). One CTA."""
+    tables = (ptr("seg_start", "int32", 4), ptr("seg_prefix", "int32", 4), ptr("scan_seg", "int32", 4),
+              ptr("seg_first", "int32", 4), ptr("seg_count", "int32", 4), ptr("final_slot", "int32", 4))
+    sizes = tuple(scalar(name, "i32") for name in
+                  ("n_seq", "t_total", "seg_len", "max_count", "min_tiles", "max_segments")) + (STREAM,)
+    variants = [
+        Variant(f"cp_seg_tables_{cu}", "cp_seg_tables", "cp_seg_tables_varlen",
+                (ptr("cu_seqlens", cu, 8 if cu == "int64" else 4),) + tables + sizes)
+        for cu in ("int32", "int64")
+    ]
+    variants.append(Variant("cp_seg_tables_dense", "cp_seg_tables", "cp_seg_tables_dense", tables + sizes))
+    return variants
+
+
 # Kernels are added to this list as they land; the build compiles exactly these.
 FAMILIES = {"seq_tables": _seq_tables, "k1": _k1, "k2": _k2, "approx": _approx, "cp_merge": _cp_merge,
-            "k2_segments": _k2_segments, "cp_pre_scan": _cp_pre_scan}
-ENABLED = ("seq_tables", "k1", "k2", "approx", "cp_merge", "k2_segments", "cp_pre_scan")
+            "k2_segments": _k2_segments, "cp_pre_scan": _cp_pre_scan, "cp_seg_tables": _cp_seg_tables}
+ENABLED = ("seq_tables", "k1", "k2", "approx", "cp_merge", "k2_segments", "cp_pre_scan", "cp_seg_tables")
 
 
 def all_variants() -> List[Variant]:

@@ -13,6 +13,14 @@ Modes: "off" (or None) -> serial; "auto" -> CP iff it pays the re-run cost; "on"
 split, raising NotSplittableError where that is trivial; an int s -> up to s segments per
 sequence of at least MIN_SEG_TILES tiles each (tests; no cost check). Every decision depends only
 on the arguments, so a plan is deterministic.
+
+The runtime may hold cu_seqlens on the device only. Then the tables come from a kernel
+(cp_seg_tables_*) that splits every sequence with the rule `device_segment_tables` computes, here
+in pure Python as its exact twin: c_n = max(1, min(ceil(t_n / seg_len), max_count, t_n // min_tiles))
+segments of near-equal size per sequence of t_n tiles. A host plan exposes the parameters that
+reproduce its own segments (CPPlan.seg_len, max_count, min_tiles), and `device_plan` chooses them
+from what the host knows without the lengths (T, N, H, SMs), with a bound on the segment count
+that holds for any cu_seqlens content.
 """
 
 from __future__ import annotations
@@ -63,6 +71,11 @@ class CPPlan:
     load: Optional[int] = None
     serial_wall: Optional[int] = None
     cp_wall: Optional[int] = None
+    # The device rule's parameters that give exactly these segments (device_segment_tables with
+    # max_segments = n_segments reproduces the host tables). Serial plans: max_count = 1.
+    seg_len: int = 1
+    max_count: int = 1
+    min_tiles: int = 1
 
     @property
     def n_sequences(self) -> int:
@@ -179,9 +192,20 @@ def fit_to_slots(seq_tiles: Sequence[int], counts: Sequence[int], P: int) -> Lis
     counts when they fit already or when nothing does.
     """
     counts = list(counts)
+    L = fitted_length(seq_tiles, counts, P)
+    if L is not None:
+        for i, c in enumerate(counts):
+            if c > 1:
+                counts[i] = min(c, _ceil_div(seq_tiles[i], L))
+    return counts
+
+
+def fitted_length(seq_tiles: Sequence[int], counts: Sequence[int], P: int) -> Optional[int]:
+    """The segment length L fit_to_slots cuts the split sequences to, or None when it keeps the
+    balanced counts."""
     split = [i for i, c in enumerate(counts) if c > 1]
     if not split or sum(counts) <= P:
-        return counts
+        return None
     unsplit = sum(t for t, c in zip(seq_tiles, counts) if c == 1)
 
     def slots(L: int) -> int:
@@ -190,16 +214,14 @@ def fit_to_slots(seq_tiles: Sequence[int], counts: Sequence[int], P: int) -> Lis
     lo = max(_ceil_div(seq_tiles[i], counts[i]) for i in split)  # the balanced segment length
     hi = max(seq_tiles[i] for i in split)  # one segment per split sequence
     if slots(lo) <= P or slots(hi) > P:
-        return counts
+        return None
     while lo < hi:  # slots(L) only falls as L grows: bisect for the smallest L that fits
         mid = (lo + hi) // 2
         if slots(mid) <= P:
             hi = mid
         else:
             lo = mid + 1
-    for i in split:
-        counts[i] = min(counts[i], _ceil_div(seq_tiles[i], lo))
-    return counts
+    return lo
 
 
 def manual_counts(seq_tiles: Sequence[int], segments: int) -> List[int]:
@@ -258,13 +280,19 @@ def plan_prefill(seq_lens, num_heads, sm_count=None, mode: CpMode = "auto") -> C
 
     if mode in ("auto", "on"):
         counts, P, target = balanced_counts(tiles, H, sms)
+        fitted = fitted_length(tiles, counts, P)
         counts = fit_to_slots(tiles, counts, P)
         head = f"P={P} ({sm_note} // H={H}), target={target} tiles"
+        # min(ceil(t / target), ceil(t / fitted)) = ceil(t / max(target, fitted)), and a sequence
+        # balanced_counts leaves whole stays whole with the longer length
+        device = dict(seg_len=max(target, fitted or target), max_count=INT32_MAX, min_tiles=AUTO_MIN_SEG_TILES)
     else:
         counts = manual_counts(tiles, mode)
         P = concurrent_slots(H, sms)
         target = None
         head = f"manual {mode} segments per sequence (>= {MIN_SEG_TILES} tiles each), P={P} ({sm_note} // H={H})"
+        # ceil(t / 1) = t >= t // MIN_SEG_TILES: the rule reduces to manual_counts
+        device = dict(seg_len=1, max_count=min(mode, INT32_MAX), min_tiles=MIN_SEG_TILES)
     max_seg = max(_ceil_div(t, n) for t, n in zip(tiles, counts))
     load, serial_wall, cp_wall = _walls(tiles, max_seg, P)
     walls = f"serial_wall={serial_wall} vs cp_wall={RERUN_RATIO}*max({max_seg}, {load})={cp_wall}"
@@ -278,7 +306,8 @@ def plan_prefill(seq_lens, num_heads, sm_count=None, mode: CpMode = "auto") -> C
                                  f"none is longer than target with >= 2 x {AUTO_MIN_SEG_TILES} tiles)",
                           **nums)
         if serial_wall >= cp_wall:
-            return _build(lens, tiles, counts, reason=f"CP: {head}; {walls}: serial_wall >= cp_wall", **nums)
+            return _build(lens, tiles, counts, reason=f"CP: {head}; {walls}: serial_wall >= cp_wall", **nums,
+                          **device)
         return _build(lens, tiles, [1] * len(tiles),
                       reason=f"serial: does not pay the re-run cost ({head}; {walls}: serial_wall < cp_wall)",
                       **nums)
@@ -291,7 +320,7 @@ def plan_prefill(seq_lens, num_heads, sm_count=None, mode: CpMode = "auto") -> C
             why = f"{head}: the count is 1 or no sequence has >= 2 x {MIN_SEG_TILES} tiles"
         raise NotSplittableError(f"cp={mode!r}: seq_lens {list(lens)} (tiles {list(tiles)}) give a serial plan; {why}")
     label = "forced" if mode == "on" else "manual"
-    return _build(lens, tiles, counts, reason=f"CP ({label}, no cost check): {head}; {walls}", **nums)
+    return _build(lens, tiles, counts, reason=f"CP ({label}, no cost check): {head}; {walls}", **nums, **device)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -328,3 +357,128 @@ def non_last_segments(plan: CPPlan, longest_first: bool = False) -> List[int]:
         tiles = plan.segment_tiles
         segs.sort(key=lambda s: (-tiles[s], s))
     return segs
+
+
+# ------------------------------------------------------------------------------------------------
+# tables built on the device (exact twins of the kernels varlen_tiles and cp_seg_tables)
+
+def clamp_cu(cu: Sequence[int], t_total: int) -> List[int]:
+    """c[i] = min(t_total, max(0, max_{j <= i} cu[j])): what the device makes of ANY cu_seqlens
+    content. Non-decreasing, inside [0, t_total]; the identity on a valid cu_seqlens."""
+    out, run = [], 0
+    for v in cu:
+        run = max(run, min(t_total, max(0, int(v))))  # 0 is the identity: clamped values are >= 0
+        out.append(run)
+    return out
+
+
+def device_seq_tables(cu: Sequence[int], t_total: int) -> Tuple[List[int], List[int]]:
+    """(seq_start, tile_prefix) [N+1] as seq_tables_int32/int64 write them (docs/kernel_abi.md):
+    the clamped starts and the prefix sum of ceil(len / 16). Tokens outside [c[0], c[N]) belong to
+    no sequence; tile_prefix[N] <= ceil(t_total / 16) + N - 1."""
+    c = clamp_cu(cu, t_total)
+    prefix = [0]
+    for a, b in zip(c, c[1:]):
+        prefix.append(prefix[-1] + _ceil_div(b - a, CHUNK))
+    return c, prefix
+
+
+def dense_cu(n_seq: int, seq_len: int) -> List[int]:
+    """The cu_seqlens a dense [B, T] input stands for: the dense kernel variants compute the
+    twin of device_segment_tables(dense_cu(B, T), B * T, ...)."""
+    return [n * seq_len for n in range(n_seq + 1)]
+
+
+def device_segment_tables(cu: Sequence[int], t_total: int, seg_len: int, max_count: int, min_tiles: int,
+                          max_segments: int) -> Tuple[List[int], ...]:
+    """Exact twin of the cp_seg_tables kernels: (seg_start [S+1], seg_prefix [S+1], scan_seg [S],
+    seg_first [N], seg_count [N], final_slot [S]) for S = max_segments, from cu_seqlens of any
+    content (clamped as device_seq_tables does).
+
+    Sequence n of t_n tiles gets c_n = max(1, min(ceil(t_n / L), max_count, t_n // min_tiles))
+    segments (an empty one gets one empty segment), sized by split_sizes, in sequence order from
+    seg_first[n] = sum_{m<n} c_m. Entry s of seg_start / seg_prefix is where segment s starts
+    (token, global tile); the end of s is entry s + 1. Segments from sum c_n up to S are padding:
+    they start (and end) at (c[N], total tiles), so they are empty and write no final state.
+    scan_seg lists the non-last segments in ascending order, then -1; final_slot[s] is the
+    sequence whose last segment s is, else -1.
+
+    If sum c_n > S (a seg_len too short for S; device_plan's choice never allows it), segments
+    from S on are dropped: entry S is where segment S would start, seg_first[n] = min(first, S),
+    seg_count[n] counts only the kept segments, and a sequence whose last segment was dropped
+    writes no final state. Nothing is written past S or N entries. seg_len and min_tiles below 1
+    count as 1 (no division by zero whatever the scalars)."""
+    c, prefix = device_seq_tables(cu, t_total)
+    N, S = len(c) - 1, max_segments
+    L, per_tiles = max(1, seg_len), max(1, min_tiles)
+    seg_start, seg_prefix = [c[N]] * (S + 1), [prefix[N]] * (S + 1)
+    scan_seg, final_slot = [-1] * S, [-1] * S
+    seg_first, seg_count = [], []
+    first = 0
+    for n in range(N):
+        tiles = prefix[n + 1] - prefix[n]
+        count = max(1, min(_ceil_div(tiles, L), max_count, tiles // per_tiles))
+        seg_first.append(min(first, S))
+        seg_count.append(max(0, min(count, S - first)))
+        base, extra = divmod(tiles, count)
+        for i in range(min(count, S + 1 - first)):
+            s = first + i
+            local = i * base + min(i, extra)  # split_sizes: the first `extra` parts are one longer
+            seg_start[s] = c[n] + CHUNK * local
+            seg_prefix[s] = prefix[n] + local
+            if s == S:  # only the end of segment S - 1
+                break
+            if i == count - 1:
+                final_slot[s] = n
+            else:
+                scan_seg[first - n + i] = s
+        first += count
+    return seg_start, seg_prefix, scan_seg, seg_first, seg_count, final_slot
+
+
+def device_plan(t_total, n_seq, num_heads, sm_count=None, mode: CpMode = "auto") -> Optional[Tuple[int, int, int, int]]:
+    """The CP parameters when only the device holds cu_seqlens: None for the serial path, else
+    (seg_len, max_count, min_tiles, max_segments) for cp_seg_tables, where max_segments S bounds
+    sum c_n for ANY cu_seqlens content (so the runtime can size grids and scratch by S).
+
+    The bound uses t_n = ceil(len_n / 16) of the clamped lengths, sum len_n <= T, and
+        sum_n ceil(x_n / L) <= ceil(sum_n x_n / L) + N - 1     (each ceil adds less than 1)
+    so sum t_n <= ceil(T / 16) + N - 1 =: T_b, the same bound as tile_prefix[N].
+
+    "auto": CP iff plan_prefill picks CP for T split evenly over the N sequences (the lengths are
+    unknown; equal lengths are the common case and the least favourable to CP). Then with
+    P = max(1, sm_count // H) >= N slots, L = max(AUTO_MIN_SEG_TILES, ceil(T_b / (P - N + 1))) and
+    S = P. Proof that sum c_n <= P: c_n <= ceil(t_n / L) for each of the N' sequences with
+    t_n >= 1 and c_n = 1 for the N - N' empty ones, so if N' >= 1
+        sum c_n <= ceil(sum t_n / L) + N' - 1 + (N - N') <= ceil(T_b / L) + N - 1 <= P
+    since L >= T_b / (P - N + 1); if N' = 0, sum c_n = N <= P.
+    "on": the same L and S when T_b >= 2 * AUTO_MIN_SEG_TILES and P >= N, else NotSplittableError.
+    int s: L = 1, max_count = s, min_tiles = MIN_SEG_TILES and S = N + min(N (s - 1), T_b // 4):
+    c_n - 1 <= s - 1, and c_n - 1 <= t_n // 4 (c_n > 1 needs c_n <= t_n // 4), so
+    sum (c_n - 1) <= sum t_n // 4 <= T_b // 4. NotSplittableError when S = N (never a split).
+    """
+    if isinstance(t_total, bool) or not isinstance(t_total, int) or t_total < 0:
+        raise ValueError(f"t_total: expected an int >= 0, got {t_total!r}")
+    N = _check_positive("n_seq", n_seq)
+    H = _check_positive("num_heads", num_heads)
+    sms = DEFAULT_SM_COUNT if sm_count is None else _check_positive("sm_count", sm_count)
+    mode = _check_mode(mode)
+    bound = _ceil_div(t_total, CHUNK) + N - 1  # T_b: tiles of any clamped cu_seqlens
+    if mode == "off":
+        return None
+    if isinstance(mode, int):
+        S = N + min(N * (mode - 1), bound // MIN_SEG_TILES)
+        if S <= N:
+            raise NotSplittableError(f"cp={mode!r}: {N} sequences of {t_total} tokens in all never split "
+                                     f"(count 1, or fewer than 2 x {MIN_SEG_TILES} tiles)")
+        return 1, min(mode, INT32_MAX), MIN_SEG_TILES, S
+    P = concurrent_slots(H, sms)
+    if mode == "auto":
+        even = [t_total // N + (1 if n < t_total % N else 0) for n in range(N)]
+        if P < N or plan_prefill(even, H, sms, "auto").trivial:
+            return None
+    elif P < N or bound < 2 * AUTO_MIN_SEG_TILES:
+        raise NotSplittableError(f"cp='on': {N} sequences of {t_total} tokens in all, P={P} slots (H={H}, "
+                                 f"{sms} SMs): need P >= N and >= {2 * AUTO_MIN_SEG_TILES} tiles")
+    L = max(AUTO_MIN_SEG_TILES, _ceil_div(bound, P - N + 1))
+    return L, INT32_MAX, AUTO_MIN_SEG_TILES, P

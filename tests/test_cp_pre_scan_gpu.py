@@ -76,7 +76,8 @@ class _Problem:
         self.p = p = layout.pointers(self.ws.data_ptr())
         self.stream = torch.cuda.current_stream().cuda_stream
         cu = torch.tensor(self.seg_cu, dtype=torch.int32, device="cuda")
-        lib.kernel("seq_tables_int32")(cu.data_ptr(), p["seq_start"], p["tile_prefix"], self.n_seg, self.stream)
+        lib.kernel("seq_tables_int32")(cu.data_ptr(), p["seq_start"], p["tile_prefix"], self.n_seg, self.T,
+                                       self.stream)
         lib.kernel("k1_prepare")(x["q"].data_ptr(), x["k"].data_ptr(), x["g"].data_ptr(), x["beta"].data_ptr(),
                                  x["A_log"].data_ptr(), x["dt_bias"].data_ptr(), p["seq_start"], p["tile_prefix"],
                                  p["qd"], p["kd"], p["kr"], p["gt"], p["inv"], p["mqk"], p["bsig"],
@@ -95,15 +96,17 @@ class _Problem:
         off, nbytes = self.layout.regions[name]
         return self.ws[off:off + nbytes].view(dtype).view(self.H, self.cap, *per_slot)
 
-    def pre_scan(self, vb):
+    def pre_scan(self, vb, idle=0):
+        """pre_scan over scan_seg; `idle` more CTAs with entries -1 (the device tables' padding)."""
         shape = (self.n_seg, self.H, D, D)
         b = torch.full(shape, float("nan"), dtype=torch.float32, device="cuda")
         m = torch.full(shape, float("nan"), dtype=torch.float32, device="cuda")
         p = self.p
+        scan_t = torch.tensor(self.scan + [-1] * idle, dtype=torch.int32, device="cuda") if idle else self.scan_t
         self.lib.kernel(f"cp_pre_scan_vb{vb}")(
             self.x["v"].data_ptr(), p["kd"], p["kr"], p["gt"], p["inv"], p["bsig"], p["seq_start"],
-            p["tile_prefix"], self.scan_t.data_ptr(), b.data_ptr(), m.data_ptr(), len(self.scan), self.H, self.cap,
-            self.stream)
+            p["tile_prefix"], scan_t.data_ptr(), b.data_ptr(), m.data_ptr(), len(self.scan) + idle, self.H,
+            self.cap, self.stream)
         torch.cuda.synchronize()
         from kda_aot.reference import m_seg_swizzle
 
@@ -195,3 +198,45 @@ def test_pre_scan(case, lower_bound, vb):
             if j == ss[0] and lower_bound > -1.0:
                 # the carry term is really exercised (S0 is not forgotten within one segment)
                 assert float((S0[0].double() @ M_ref[j]).abs().max()) > 1e-3
+
+
+@pytest.mark.parametrize("vb", [128, 32])
+def test_idle_ctas(vb):
+    """CTAs with nothing to do exit at once and change nothing: pre_scan entries -1, and
+    k2_segments padding segments (empty, final_slot -1, carries left NaN) after the real ones."""
+    from kda_aot.loader import get_library
+
+    lib = get_library()
+    _need(lib, "seq_tables_int32", "k1_prepare", f"cp_pre_scan_vb{vb}", f"k2_segments_f32_vb{vb}")
+    segs, H = CASES["varlen"]
+    pb = _Problem(lib, segs, H, -0.02)
+    b_seg, m_seg = pb.pre_scan(vb)
+    b_idle, m_idle = pb.pre_scan(vb, idle=9)
+    assert torch.equal(b_idle.view(torch.int32), b_seg.view(torch.int32))  # NaN blocks stay NaN too
+    assert torch.equal(m_idle.view(torch.int32), m_seg.view(torch.int32))
+
+    pad = 5
+    total = pb.seg_prefix[-1]
+    last = {ss[-1]: n for n, ss in enumerate(pb.seq_segs)}
+    gen = torch.Generator(device="cpu").manual_seed(3)
+    carries = torch.full((pb.n_seg + pad, H, D, D), float("nan"), dtype=torch.float32)
+    carries[:pb.n_seg] = torch.randn(pb.n_seg, H, D, D, generator=gen) * 0.5
+    carries = carries.cuda()
+
+    def run(n_seg):
+        start = torch.tensor(pb.seg_cu + [pb.T] * pad, dtype=torch.int32, device="cuda")
+        prefix = torch.tensor(pb.seg_prefix + [total] * pad, dtype=torch.int32, device="cuda")
+        slot = torch.tensor([last.get(j, -1) for j in range(pb.n_seg + pad)], dtype=torch.int32, device="cuda")
+        out = torch.full_like(pb.x["v"], float("nan"))
+        final = torch.full((len(segs), H, D, D), float("nan"), dtype=torch.float32, device="cuda")
+        lib.kernel(f"k2_segments_f32_vb{vb}")(pb.x["v"].data_ptr(), out.data_ptr(), *pb.ws_ptrs(), start.data_ptr(),
+                                              prefix.data_ptr(), carries.data_ptr(), final.data_ptr(),
+                                              slot.data_ptr(), pb.T, n_seg, H, pb.cap, pb.stream)
+        torch.cuda.synchronize()
+        return out, final
+
+    out, final = run(pb.n_seg)
+    out_pad, final_pad = run(pb.n_seg + pad)
+    assert torch.isfinite(out.float()).all() and torch.isfinite(final).all()
+    assert torch.equal(out_pad.view(torch.int16), out.view(torch.int16))
+    assert torch.equal(final_pad.view(torch.int32), final.view(torch.int32))

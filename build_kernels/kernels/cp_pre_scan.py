@@ -3,7 +3,7 @@ S_end = S_start @ M_j + B_j in the [V, K] state orientation, for the CP merge (c
 
 Grid (n_scan, n_heads, 128 // VB), VB = value_block in {128, 64, 32}. CTA (x, h, vb) handles segment
 j = scan_seg[x] (never the last segment of its sequence, so all its tiles are full; rows >= m are
-still masked exactly as K2 does). Segment j covers global tiles tile_prefix[j] .. tile_prefix[j+1]-1,
+still masked exactly as K2 does); j < 0 (the padding of device-built tables) exits at once. Segment j covers global tiles tile_prefix[j] .. tile_prefix[j+1]-1,
 tile i at workspace slot h*cap + tile_prefix[j] + i, first token seq_start[j] + 16 i.
 
 Two chains run per tile in the same MMA warps, sharing the stage (and the Kd / Kr A fragments):
@@ -121,169 +121,173 @@ def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, 
     sstate = smem.allocate(VB * D * 2, byte_alignment=128)
     smirror = smem.allocate(VB * D * 2, byte_alignment=128)
 
-    init_ring(warp, full, empty, MMA_WARPS)
-
     j = _ldg_s32(scan_ptr + Int64(x) * 4)
-    tok0 = _ldg_s32(start_ptr + Int64(j) * 4)
-    tok_end = _ldg_s32(start_ptr + Int64(j + 1) * 4)
-    tile0 = _ldg_s32(prefix_ptr + Int64(j) * 4)
-    ntiles = _ldg_s32(prefix_ptr + Int64(j + 1) * 4) - tile0
-    h64 = Int64(h)
-    H64 = Int64(n_heads)
+    # scan_seg may end in -1 entries (the device-built tables pad it up to the grid the runtime
+    # sizes by a host-known bound): such a CTA does nothing. The condition is uniform over the
+    # CTA, so the ring's barriers (set up inside the branch) serve all of its threads or none.
+    if j >= 0:
+        init_ring(warp, full, empty, MMA_WARPS)
 
-    if warp == LOAD_WARP:
-        # ---------------------------------------------------------------- producer
-        produce_tiles(full, empty, buf_addr, ntiles, tok0, tok_end, h64 * Int64(cap) + Int64(tile0),
-                      v_ptr + h64 * HEAD_ROW_BYTES + Int64(vblk * (VB * 2)), H64 * HEAD_ROW_BYTES,
-                      ((OFF_KD, kd_ptr), (OFF_KR, kr_ptr)),
-                      ((OFF_GT, gt_ptr, GT_BYTES), (OFF_INV, inv_ptr, SQ_BYTES), (OFF_BSIG, bsig_ptr, BSIG_BYTES)),
-                      SB, OFF_V, VSTR, FIXED_TX, VB * 2)
-    else:
-        # ---------------------------------------------------------------- MMA warps
-        w = warp
-        g = lane >> 2
-        q = lane & 3
-        j4 = lane >> 3
-        i8 = lane & 7
-        region = sstate.toint() + w * (NW * D * 2)
-        mregion = smirror.toint() + w * (NW * D * 2)
-        col0 = vblk * VB + w * NW  # first global value column (S) / X row (M) of this warp
-        out_base = (Int64(j) * H64 + h64) * Int64(D * D)  # element index of b_seg/m_seg[j, h, 0, 0]
+        tok0 = _ldg_s32(start_ptr + Int64(j) * 4)
+        tok_end = _ldg_s32(start_ptr + Int64(j + 1) * 4)
+        tile0 = _ldg_s32(prefix_ptr + Int64(j) * 4)
+        ntiles = _ldg_s32(prefix_ptr + Int64(j + 1) * 4) - tile0
+        h64 = Int64(h)
+        H64 = Int64(n_heads)
 
-        off_a = lane * 16
-        if cutlass.const_expr(NB >= 2):
-            off_sb = 128 * ((j4 >> 1) + NB * (j4 & 1)) + 16 * i8
+        if warp == LOAD_WARP:
+            # ---------------------------------------------------------------- producer
+            produce_tiles(full, empty, buf_addr, ntiles, tok0, tok_end, h64 * Int64(cap) + Int64(tile0),
+                          v_ptr + h64 * HEAD_ROW_BYTES + Int64(vblk * (VB * 2)), H64 * HEAD_ROW_BYTES,
+                          ((OFF_KD, kd_ptr), (OFF_KR, kr_ptr)),
+                          ((OFF_GT, gt_ptr, GT_BYTES), (OFF_INV, inv_ptr, SQ_BYTES), (OFF_BSIG, bsig_ptr, BSIG_BYTES)),
+                          SB, OFF_V, VSTR, FIXED_TX, VB * 2)
         else:
-            off_sb = 16 * lane
-        off_kr = 256 * (j4 & 1) + 128 * (j4 >> 1) + 16 * i8
-        off_sq = 32 * (8 * (j4 & 1) + i8) + 16 * (j4 >> 1)
+            # ---------------------------------------------------------------- MMA warps
+            w = warp
+            g = lane >> 2
+            q = lane & 3
+            j4 = lane >> 3
+            i8 = lane & 7
+            region = sstate.toint() + w * (NW * D * 2)
+            mregion = smirror.toint() + w * (NW * D * 2)
+            col0 = vblk * VB + w * NW  # first global value column (S) / X row (M) of this warp
+            out_base = (Int64(j) * H64 + h64) * Int64(D * D)  # element index of b_seg/m_seg[j, h, 0, 0]
 
-        # -------- entry: S^T = 0, mirror Xb^T = I (X^T[k, i] = [k == col0 + i], exact in bf16)
-        for jj in cutlass.range_constexpr(D // 32):
-            k = lane + 32 * jj
-            koff = 128 * NB * (k >> 3) + 16 * (k & 7)
-            for p in cutlass.range_constexpr(NW // 2):
-                woff = koff + 128 * (p // 4) + 4 * (p % 4)
-                sts_b32(region + woff, Int32(0))
-                c = col0 + 2 * p
-                word = (select_b32(Int32(k == c), Int32(BF16_ONE), Int32(0))
-                        + select_b32(Int32(k == c + 1), Int32(BF16_ONE << 16), Int32(0)))
-                sts_b32(mregion + woff, word)
-        cute.arch.sync_warp()
+            off_a = lane * 16
+            if cutlass.const_expr(NB >= 2):
+                off_sb = 128 * ((j4 >> 1) + NB * (j4 & 1)) + 16 * i8
+            else:
+                off_sb = 16 * lane
+            off_kr = 256 * (j4 & 1) + 128 * (j4 >> 1) + 16 * i8
+            off_sq = 32 * (8 * (j4 & 1) + i8) + 16 * (j4 >> 1)
 
-        # canonical X^T (fp32) in registers at the Q5 C-fragment positions: element 4 (nb + NB mb) + c is
-        # X^T[16 mb + g + 8 (c >> 1), col0 + 8 nb + 2 q + (c & 1)]; initialised from the exact mirror
-        xr = cute.make_rmem_tensor(32 * NB, Float32)
-        for mb in cutlass.range_constexpr(D // 16):
-            for nb in cutlass.range_constexpr(NB):
-                e = 4 * (nb + NB * mb)
-                w_a0 = mregion + 128 * (nb + NB * (2 * mb)) + 4 * lane
-                xr[e], xr[e + 1] = unpack_bf16x2(lds_b32(w_a0))
-                xr[e + 2], xr[e + 3] = unpack_bf16x2(lds_b32(w_a0 + 128 * NB))
-
-        zero = Float32(0.0)
-        # The S-chain's words at this lane's Q5 positions, kept in registers across tiles exactly as
-        # K2 keeps them (S starts at 0): Q5 reads the old state here, shared memory only feeds Q1.
-        st_words = [Int32(0) for _ in range(2 * (D // 16) * NB)]
-        for i in cutlass.range(ntiles, unroll=1):
-            s = i % STAGES
-            cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
-            sb = buf_addr + s * SB
-            start = tok0 + i * CHUNK
-            m = cutlass.min(tok_end - start, CHUNK)
-
-            # -------- Q1: u = Kd S^T (S-chain), u_X = Kd Xb^T (M-chain), shared A fragments
-            acc_u = [[zero, zero, zero, zero] for _ in range(NB)]
-            acc_x = [[zero, zero, zero, zero] for _ in range(NB)]
-            bq = [None, None, None, None]
-            bx = [None, None, None, None]
-            for kb in cutlass.range_constexpr(D // 16):
-                a_k = ldsm_x4(sb + OFF_KD + 512 * kb + off_a)
-                if cutlass.const_expr(NB >= 2):
-                    for p in cutlass.range_constexpr(NB // 2):
-                        bq = ldsm_x4_t(region + 128 * (2 * p + 2 * NB * kb) + off_sb)
-                        bx = ldsm_x4_t(mregion + 128 * (2 * p + 2 * NB * kb) + off_sb)
-                        for t in cutlass.range_constexpr(2):
-                            acc_u[2 * p + t] = list(mma_bf16_16816(a_k, (bq[2 * t], bq[2 * t + 1]), acc_u[2 * p + t]))
-                            acc_x[2 * p + t] = list(mma_bf16_16816(a_k, (bx[2 * t], bx[2 * t + 1]), acc_x[2 * p + t]))
-                else:
-                    if cutlass.const_expr(kb % 2 == 0):
-                        bq = ldsm_x4_t(region + 256 * kb + off_sb)
-                        bx = ldsm_x4_t(mregion + 256 * kb + off_sb)
-                    t = kb % 2
-                    acc_u[0] = list(mma_bf16_16816(a_k, (bq[2 * t], bq[2 * t + 1]), acc_u[0]))
-                    acc_x[0] = list(mma_bf16_16816(a_k, (bx[2 * t], bx[2 * t + 1]), acc_x[0]))
-
-            # -------- Q2, Q3 per n-block (S-chain exactly as K2; M-chain with v = 0)
-            a_inv = ldsm_x4(sb + OFF_INV + off_sq)
-            bs0 = lds_bf16_f32(sb + OFF_BSIG + 2 * g)
-            bs1 = lds_bf16_f32(sb + OFF_BSIG + 2 * (g + 8))
-            ok0 = Int32(g < m)
-            ok1 = Int32(g + 8 < m)
-            v_a0 = sb + OFF_V + g * VSTR + (w * NW + 2 * q) * 2
-            u_frag = []
-            x_frag = []
-            for nb in cutlass.range_constexpr(NB):
-                u_frag.append(solve_u_fragment(
-                    acc_u[nb], lambda: (select_b32(ok0, lds_b32(v_a0 + 16 * nb), Int32(0)),
-                                        select_b32(ok1, lds_b32(v_a0 + 8 * VSTR + 16 * nb), Int32(0))),
-                    bs0, bs1, a_inv, zero))
-                x_frag.append(solve_u_fragment(acc_x[nb], None, bs0, bs1, a_inv, zero))
-
-            # -------- Q5: S^T = bf(fma(S^T, gamma, Kr^T U)); X^T = fma(X^T, gamma, Kr^T U_X) in fp32
-            for mb in cutlass.range_constexpr(D // 16):
-                a_kr = ldsm_x4_t(sb + OFF_KR + 512 * mb + off_kr)
-                gam0 = lds_f32(sb + OFF_GT + 4 * (16 * mb + g))
-                gam1 = lds_f32(sb + OFF_GT + 4 * (16 * mb + 8 + g))
-                for nb in cutlass.range_constexpr(NB):
-                    ds = mma_bf16_16816(a_kr, u_frag[nb], (zero, zero, zero, zero))
-                    w_a0 = region + 128 * (nb + NB * (2 * mb)) + 4 * lane
-                    w_a1 = w_a0 + 128 * NB
-                    iw = 2 * (mb * NB + nb)
-                    st_words[iw], st_words[iw + 1] = state_words_step(st_words[iw], st_words[iw + 1], gam0, gam1, ds)
-                    sts_b32(w_a0, st_words[iw])
-                    sts_b32(w_a1, st_words[iw + 1])
-
-                    dx = mma_bf16_16816(a_kr, x_frag[nb], (zero, zero, zero, zero))
-                    e = 4 * (nb + NB * mb)
-                    n0 = fma_rn(xr[e], gam0, dx[0])
-                    n1 = fma_rn(xr[e + 1], gam0, dx[1])
-                    n2 = fma_rn(xr[e + 2], gam1, dx[2])
-                    n3 = fma_rn(xr[e + 3], gam1, dx[3])
-                    xr[e] = n0
-                    xr[e + 1] = n1
-                    xr[e + 2] = n2
-                    xr[e + 3] = n3
-                    m_a0 = mregion + 128 * (nb + NB * (2 * mb)) + 4 * lane
-                    sts_b32(m_a0, pack_bf16x2(n0, n1))
-                    sts_b32(m_a0 + 128 * NB, pack_bf16x2(n2, n3))
-
+            # -------- entry: S^T = 0, mirror Xb^T = I (X^T[k, i] = [k == col0 + i], exact in bf16)
+            for jj in cutlass.range_constexpr(D // 32):
+                k = lane + 32 * jj
+                koff = 128 * NB * (k >> 3) + 16 * (k & 7)
+                for p in cutlass.range_constexpr(NW // 2):
+                    woff = koff + 128 * (p // 4) + 4 * (p % 4)
+                    sts_b32(region + woff, Int32(0))
+                    c = col0 + 2 * p
+                    word = (select_b32(Int32(k == c), Int32(BF16_ONE), Int32(0))
+                            + select_b32(Int32(k == c + 1), Int32(BF16_ONE << 16), Int32(0)))
+                    sts_b32(mregion + woff, word)
             cute.arch.sync_warp()
-            with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive(empty + s)
 
-        # -------- exit: b_seg[j, h, v, k] = f32(S^T[k, v]) (exact), m_seg[j, h, i, k] = X^T[k, i] (fp32,
-        # column k swizzled)
-        for jj in cutlass.range_constexpr(D // 32):
-            k = lane + 32 * jj
-            koff = 128 * NB * (k >> 3) + 16 * (k & 7)
-            for p in cutlass.range_constexpr(NW // 2):
-                word = lds_b32(region + koff + 128 * (p // 4) + 4 * (p % 4))
-                e0 = out_base + Int64(col0 + 2 * p) * D + Int64(k)
-                stg_f32_pair_from_bf16(bseg_ptr + e0 * 4, bseg_ptr + (e0 + D) * 4, word)
-        # m_seg's columns are swizzled for the merge's bulk copy (cp_merge.m_seg_column): row r keeps
-        # column c at c ^ 8 (r & 3); this lane's rows are i0 = col0 + 8 nb + 2q and i0 + 1
-        for mb in cutlass.range_constexpr(D // 16):
-            for nb in cutlass.range_constexpr(NB):
-                e = 4 * (nb + NB * mb)
-                i0 = col0 + 8 * nb + 2 * q
-                k0 = 16 * mb + g
-                r0 = out_base + Int64(i0) * D
-                r1 = r0 + D
-                _stg_f32(mseg_ptr + (r0 + Int64(m_seg_column(i0, k0))) * 4, xr[e])
-                _stg_f32(mseg_ptr + (r1 + Int64(m_seg_column(i0 + 1, k0))) * 4, xr[e + 1])
-                _stg_f32(mseg_ptr + (r0 + Int64(m_seg_column(i0, k0 + 8))) * 4, xr[e + 2])
-                _stg_f32(mseg_ptr + (r1 + Int64(m_seg_column(i0 + 1, k0 + 8))) * 4, xr[e + 3])
+            # canonical X^T (fp32) in registers at the Q5 C-fragment positions: element 4 (nb + NB mb) + c is
+            # X^T[16 mb + g + 8 (c >> 1), col0 + 8 nb + 2 q + (c & 1)]; initialised from the exact mirror
+            xr = cute.make_rmem_tensor(32 * NB, Float32)
+            for mb in cutlass.range_constexpr(D // 16):
+                for nb in cutlass.range_constexpr(NB):
+                    e = 4 * (nb + NB * mb)
+                    w_a0 = mregion + 128 * (nb + NB * (2 * mb)) + 4 * lane
+                    xr[e], xr[e + 1] = unpack_bf16x2(lds_b32(w_a0))
+                    xr[e + 2], xr[e + 3] = unpack_bf16x2(lds_b32(w_a0 + 128 * NB))
+
+            zero = Float32(0.0)
+            # The S-chain's words at this lane's Q5 positions, kept in registers across tiles exactly as
+            # K2 keeps them (S starts at 0): Q5 reads the old state here, shared memory only feeds Q1.
+            st_words = [Int32(0) for _ in range(2 * (D // 16) * NB)]
+            for i in cutlass.range(ntiles, unroll=1):
+                s = i % STAGES
+                cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
+                sb = buf_addr + s * SB
+                start = tok0 + i * CHUNK
+                m = cutlass.min(tok_end - start, CHUNK)
+
+                # -------- Q1: u = Kd S^T (S-chain), u_X = Kd Xb^T (M-chain), shared A fragments
+                acc_u = [[zero, zero, zero, zero] for _ in range(NB)]
+                acc_x = [[zero, zero, zero, zero] for _ in range(NB)]
+                bq = [None, None, None, None]
+                bx = [None, None, None, None]
+                for kb in cutlass.range_constexpr(D // 16):
+                    a_k = ldsm_x4(sb + OFF_KD + 512 * kb + off_a)
+                    if cutlass.const_expr(NB >= 2):
+                        for p in cutlass.range_constexpr(NB // 2):
+                            bq = ldsm_x4_t(region + 128 * (2 * p + 2 * NB * kb) + off_sb)
+                            bx = ldsm_x4_t(mregion + 128 * (2 * p + 2 * NB * kb) + off_sb)
+                            for t in cutlass.range_constexpr(2):
+                                acc_u[2 * p + t] = list(mma_bf16_16816(a_k, (bq[2 * t], bq[2 * t + 1]), acc_u[2 * p + t]))
+                                acc_x[2 * p + t] = list(mma_bf16_16816(a_k, (bx[2 * t], bx[2 * t + 1]), acc_x[2 * p + t]))
+                    else:
+                        if cutlass.const_expr(kb % 2 == 0):
+                            bq = ldsm_x4_t(region + 256 * kb + off_sb)
+                            bx = ldsm_x4_t(mregion + 256 * kb + off_sb)
+                        t = kb % 2
+                        acc_u[0] = list(mma_bf16_16816(a_k, (bq[2 * t], bq[2 * t + 1]), acc_u[0]))
+                        acc_x[0] = list(mma_bf16_16816(a_k, (bx[2 * t], bx[2 * t + 1]), acc_x[0]))
+
+                # -------- Q2, Q3 per n-block (S-chain exactly as K2; M-chain with v = 0)
+                a_inv = ldsm_x4(sb + OFF_INV + off_sq)
+                bs0 = lds_bf16_f32(sb + OFF_BSIG + 2 * g)
+                bs1 = lds_bf16_f32(sb + OFF_BSIG + 2 * (g + 8))
+                ok0 = Int32(g < m)
+                ok1 = Int32(g + 8 < m)
+                v_a0 = sb + OFF_V + g * VSTR + (w * NW + 2 * q) * 2
+                u_frag = []
+                x_frag = []
+                for nb in cutlass.range_constexpr(NB):
+                    u_frag.append(solve_u_fragment(
+                        acc_u[nb], lambda: (select_b32(ok0, lds_b32(v_a0 + 16 * nb), Int32(0)),
+                                            select_b32(ok1, lds_b32(v_a0 + 8 * VSTR + 16 * nb), Int32(0))),
+                        bs0, bs1, a_inv, zero))
+                    x_frag.append(solve_u_fragment(acc_x[nb], None, bs0, bs1, a_inv, zero))
+
+                # -------- Q5: S^T = bf(fma(S^T, gamma, Kr^T U)); X^T = fma(X^T, gamma, Kr^T U_X) in fp32
+                for mb in cutlass.range_constexpr(D // 16):
+                    a_kr = ldsm_x4_t(sb + OFF_KR + 512 * mb + off_kr)
+                    gam0 = lds_f32(sb + OFF_GT + 4 * (16 * mb + g))
+                    gam1 = lds_f32(sb + OFF_GT + 4 * (16 * mb + 8 + g))
+                    for nb in cutlass.range_constexpr(NB):
+                        ds = mma_bf16_16816(a_kr, u_frag[nb], (zero, zero, zero, zero))
+                        w_a0 = region + 128 * (nb + NB * (2 * mb)) + 4 * lane
+                        w_a1 = w_a0 + 128 * NB
+                        iw = 2 * (mb * NB + nb)
+                        st_words[iw], st_words[iw + 1] = state_words_step(st_words[iw], st_words[iw + 1], gam0, gam1, ds)
+                        sts_b32(w_a0, st_words[iw])
+                        sts_b32(w_a1, st_words[iw + 1])
+
+                        dx = mma_bf16_16816(a_kr, x_frag[nb], (zero, zero, zero, zero))
+                        e = 4 * (nb + NB * mb)
+                        n0 = fma_rn(xr[e], gam0, dx[0])
+                        n1 = fma_rn(xr[e + 1], gam0, dx[1])
+                        n2 = fma_rn(xr[e + 2], gam1, dx[2])
+                        n3 = fma_rn(xr[e + 3], gam1, dx[3])
+                        xr[e] = n0
+                        xr[e + 1] = n1
+                        xr[e + 2] = n2
+                        xr[e + 3] = n3
+                        m_a0 = mregion + 128 * (nb + NB * (2 * mb)) + 4 * lane
+                        sts_b32(m_a0, pack_bf16x2(n0, n1))
+                        sts_b32(m_a0 + 128 * NB, pack_bf16x2(n2, n3))
+
+                cute.arch.sync_warp()
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive(empty + s)
+
+            # -------- exit: b_seg[j, h, v, k] = f32(S^T[k, v]) (exact), m_seg[j, h, i, k] = X^T[k, i] (fp32,
+            # column k swizzled)
+            for jj in cutlass.range_constexpr(D // 32):
+                k = lane + 32 * jj
+                koff = 128 * NB * (k >> 3) + 16 * (k & 7)
+                for p in cutlass.range_constexpr(NW // 2):
+                    word = lds_b32(region + koff + 128 * (p // 4) + 4 * (p % 4))
+                    e0 = out_base + Int64(col0 + 2 * p) * D + Int64(k)
+                    stg_f32_pair_from_bf16(bseg_ptr + e0 * 4, bseg_ptr + (e0 + D) * 4, word)
+            # m_seg's columns are swizzled for the merge's bulk copy (cp_merge.m_seg_column): row r keeps
+            # column c at c ^ 8 (r & 3); this lane's rows are i0 = col0 + 8 nb + 2q and i0 + 1
+            for mb in cutlass.range_constexpr(D // 16):
+                for nb in cutlass.range_constexpr(NB):
+                    e = 4 * (nb + NB * mb)
+                    i0 = col0 + 8 * nb + 2 * q
+                    k0 = 16 * mb + g
+                    r0 = out_base + Int64(i0) * D
+                    r1 = r0 + D
+                    _stg_f32(mseg_ptr + (r0 + Int64(m_seg_column(i0, k0))) * 4, xr[e])
+                    _stg_f32(mseg_ptr + (r1 + Int64(m_seg_column(i0 + 1, k0))) * 4, xr[e + 1])
+                    _stg_f32(mseg_ptr + (r0 + Int64(m_seg_column(i0, k0 + 8))) * 4, xr[e + 2])
+                    _stg_f32(mseg_ptr + (r1 + Int64(m_seg_column(i0 + 1, k0 + 8))) * 4, xr[e + 3])
 
 
 @cute.jit

@@ -5,6 +5,8 @@ of sequence n for head h and owns the value channels [vb*VB, vb*VB + VB): their 
 S (V x K, kept transposed as S^T[k, v] in bf16 shared memory for the whole sequence) and their
 output columns. Tile j of sequence n is global tile tile_prefix[n] + j, workspace slot
 h*cap + tile_prefix[n] + j, first token seq_start[n] + 16 j, valid rows m = min(16, seq_start[n+1] - start).
+A CTA whose sequence has no tile and which writes no final state (has_final False, or final_slot < 0)
+exits at once, without reading its entry state (CP padding segments have no carry).
 
 Thread roles (no store warp: outputs go straight from the MMA warps as predicated stores):
   warps 0..W-1  MMA warps, W = VB / NW with NW = 16 (VB=128, W=8, 288 threads), 8 (VB=64, W=8, 288
@@ -217,157 +219,166 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
     full, empty, buf_addr = alloc_ring(smem, SB)
     sstate = smem.allocate(VB * D * 2, byte_alignment=128)
 
-    init_ring(warp, full, empty, MMA_WARPS)
-
-    tok0 = mStart[n]
-    tok_end = mStart[n + 1]
     tile0 = mPrefix[n]
     ntiles = mPrefix[n + 1] - tile0
-    h64 = Int64(h)
-    H64 = Int64(n_heads)
+    # A CTA with no tile and no final state to write has nothing to do. It must not even read its
+    # entry state: the CP runtime leaves the carries of its padding segments (empty, final_slot
+    # -1) uninitialised. The condition is uniform over the CTA, so the ring's barriers (set up
+    # inside the branch) are used by all of its threads or by none.
+    busy = ntiles
+    slot = n
+    if cutlass.const_expr(has_final):
+        # final_slots (CP): "sequence" n is a segment; only a sequence's last segment has a slot
+        # (the sequence index, -1 otherwise) and writes final_state[slot] directly.
+        if cutlass.const_expr(final_slots):
+            slot = mSlot[n]
+        if slot >= 0:
+            busy = Int32(1)
+    if busy > 0:
+        init_ring(warp, full, empty, MMA_WARPS)
 
-    if warp == LOAD_WARP:
-        # ---------------------------------------------------------------- producer
-        produce_tiles(full, empty, buf_addr, ntiles, tok0, tok_end, h64 * Int64(cap) + Int64(tile0),
-                      v_ptr + h64 * HEAD_ROW_BYTES + Int64(vblk * (VB * 2)), H64 * HEAD_ROW_BYTES,
-                      ((OFF_QD, qd_ptr), (OFF_KD, kd_ptr), (OFF_KR, kr_ptr)),
-                      ((OFF_GT, gt_ptr, GT_BYTES), (OFF_INV, inv_ptr, SQ_BYTES), (OFF_MQK, mqk_ptr, SQ_BYTES),
-                       (OFF_BSIG, bsig_ptr, BSIG_BYTES)),
-                      SB, OFF_V, VSTR, FIXED_TX, VB * 2)
-    else:
-        # ---------------------------------------------------------------- MMA warps
-        w = warp
-        g = lane >> 2  # C-fragment row (and row + 8)
-        q = lane & 3  # C-fragment column pair
-        j4 = lane >> 3  # ldmatrix matrix index supplied by this lane
-        i8 = lane & 7  # ldmatrix row supplied by this lane
-        region = sstate.toint() + w * (NW * D * 2)
-        col0 = vblk * VB + w * NW  # first global value column of this warp
-        state_base = (Int64(n) * H64 + h64) * Int64(D * D)  # element index of state[n, h, 0, 0]
+        tok0 = mStart[n]
+        tok_end = mStart[n + 1]
+        h64 = Int64(h)
+        H64 = Int64(n_heads)
 
-        # lane offsets (bytes)
-        off_a = lane * 16  # A operand from a raw image: base + 512 kb + 16 lane
-        if cutlass.const_expr(NB >= 2):
-            off_sb = 128 * ((j4 >> 1) + NB * (j4 & 1)) + 16 * i8  # + 128 * (2 p + 2 NB kb)
+        if warp == LOAD_WARP:
+            # ---------------------------------------------------------------- producer
+            produce_tiles(full, empty, buf_addr, ntiles, tok0, tok_end, h64 * Int64(cap) + Int64(tile0),
+                          v_ptr + h64 * HEAD_ROW_BYTES + Int64(vblk * (VB * 2)), H64 * HEAD_ROW_BYTES,
+                          ((OFF_QD, qd_ptr), (OFF_KD, kd_ptr), (OFF_KR, kr_ptr)),
+                          ((OFF_GT, gt_ptr, GT_BYTES), (OFF_INV, inv_ptr, SQ_BYTES), (OFF_MQK, mqk_ptr, SQ_BYTES),
+                           (OFF_BSIG, bsig_ptr, BSIG_BYTES)),
+                          SB, OFF_V, VSTR, FIXED_TX, VB * 2)
         else:
-            off_sb = 16 * lane  # matrices kc = 2 kb .. 2 kb + 3: + 256 kb
-        off_kr = 256 * (j4 & 1) + 128 * (j4 >> 1) + 16 * i8  # + 512 mb (transposed Kr^T A operand)
-        off_sq = 32 * (8 * (j4 & 1) + i8) + 16 * (j4 >> 1)  # row-major 16x16 A operand
+            # ---------------------------------------------------------------- MMA warps
+            w = warp
+            g = lane >> 2  # C-fragment row (and row + 8)
+            q = lane & 3  # C-fragment column pair
+            j4 = lane >> 3  # ldmatrix matrix index supplied by this lane
+            i8 = lane & 7  # ldmatrix row supplied by this lane
+            region = sstate.toint() + w * (NW * D * 2)
+            col0 = vblk * VB + w * NW  # first global value column of this warp
+            state_base = (Int64(n) * H64 + h64) * Int64(D * D)  # element index of state[n, h, 0, 0]
 
-        # -------- Q6 entry state: S^T[k, v] = bf(initial[n, h, v, k]) or 0, this warp's columns
-        # word (k, v pair p) at region + 128 * (vc + NB * kc) + 16 * (k & 7) + 4 * (p & 3)
-        for jj in cutlass.range_constexpr(D // 32):
-            k = lane + 32 * jj
-            kaddr = region + 128 * NB * (k >> 3) + 16 * (k & 7)
-            for p in cutlass.range_constexpr(NW // 2):
-                waddr = kaddr + 128 * (p // 4) + 4 * (p % 4)
-                if cutlass.const_expr(has_initial):
-                    e0 = state_base + Int64(col0 + 2 * p) * D + Int64(k)
-                    if cutlass.const_expr(state_fp32):
-                        word = ldg_f32_pair_bf16(init_ptr + e0 * 4, init_ptr + (e0 + D) * 4)
+            # lane offsets (bytes)
+            off_a = lane * 16  # A operand from a raw image: base + 512 kb + 16 lane
+            if cutlass.const_expr(NB >= 2):
+                off_sb = 128 * ((j4 >> 1) + NB * (j4 & 1)) + 16 * i8  # + 128 * (2 p + 2 NB kb)
+            else:
+                off_sb = 16 * lane  # matrices kc = 2 kb .. 2 kb + 3: + 256 kb
+            off_kr = 256 * (j4 & 1) + 128 * (j4 >> 1) + 16 * i8  # + 512 mb (transposed Kr^T A operand)
+            off_sq = 32 * (8 * (j4 & 1) + i8) + 16 * (j4 >> 1)  # row-major 16x16 A operand
+
+            # -------- Q6 entry state: S^T[k, v] = bf(initial[n, h, v, k]) or 0, this warp's columns
+            # word (k, v pair p) at region + 128 * (vc + NB * kc) + 16 * (k & 7) + 4 * (p & 3)
+            for jj in cutlass.range_constexpr(D // 32):
+                k = lane + 32 * jj
+                kaddr = region + 128 * NB * (k >> 3) + 16 * (k & 7)
+                for p in cutlass.range_constexpr(NW // 2):
+                    waddr = kaddr + 128 * (p // 4) + 4 * (p % 4)
+                    if cutlass.const_expr(has_initial):
+                        e0 = state_base + Int64(col0 + 2 * p) * D + Int64(k)
+                        if cutlass.const_expr(state_fp32):
+                            word = ldg_f32_pair_bf16(init_ptr + e0 * 4, init_ptr + (e0 + D) * 4)
+                        else:
+                            word = ldg_bf16_pair(init_ptr + e0 * 2, init_ptr + (e0 + D) * 2)
+                        sts_b32(waddr, word)
                     else:
-                        word = ldg_bf16_pair(init_ptr + e0 * 2, init_ptr + (e0 + D) * 2)
-                    sts_b32(waddr, word)
-                else:
-                    sts_b32(waddr, Int32(0))
-        cute.arch.sync_warp()
-
-        zero = Float32(0.0)
-        # This lane's words of S^T at its Q5 C-fragment positions, kept in registers across tiles:
-        # Q5 reads the old state from here instead of shared memory (the kernel is bound by shared
-        # memory throughput) and still writes the new one there for Q1's ldmatrix. Same values.
-        st_words = []
-        for mb in cutlass.range_constexpr(D // 16):
-            for nb in cutlass.range_constexpr(NB):
-                w_a0 = region + 128 * (nb + NB * (2 * mb)) + 4 * lane
-                st_words.append(lds_b32(w_a0))
-                st_words.append(lds_b32(w_a0 + 128 * NB))
-        for i in cutlass.range(ntiles, unroll=1):
-            s = i % STAGES
-            cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
-            sb = buf_addr + s * SB
-            start = tok0 + i * CHUNK
-            m = cutlass.min(tok_end - start, CHUNK)
-
-            # -------- Q1: u, o1 accumulators, 8 sequential k-steps
-            acc_u = [[zero, zero, zero, zero] for _ in range(NB)]
-            acc_o = [[zero, zero, zero, zero] for _ in range(NB)]
-            bq = [None, None, None, None]
-            for kb in cutlass.range_constexpr(D // 16):
-                a_k = ldsm_x4(sb + OFF_KD + 512 * kb + off_a)
-                a_q = ldsm_x4(sb + OFF_QD + 512 * kb + off_a)
-                if cutlass.const_expr(NB >= 2):
-                    for p in cutlass.range_constexpr(NB // 2):
-                        bq = ldsm_x4_t(region + 128 * (2 * p + 2 * NB * kb) + off_sb)
-                        for t in cutlass.range_constexpr(2):
-                            bfrag = (bq[2 * t], bq[2 * t + 1])
-                            acc_u[2 * p + t] = list(mma_bf16_16816(a_k, bfrag, acc_u[2 * p + t]))
-                            acc_o[2 * p + t] = list(mma_bf16_16816(a_q, bfrag, acc_o[2 * p + t]))
-                else:
-                    if cutlass.const_expr(kb % 2 == 0):
-                        bq = ldsm_x4_t(region + 256 * kb + off_sb)
-                    t = kb % 2
-                    bfrag = (bq[2 * t], bq[2 * t + 1])
-                    acc_u[0] = list(mma_bf16_16816(a_k, bfrag, acc_u[0]))
-                    acc_o[0] = list(mma_bf16_16816(a_q, bfrag, acc_o[0]))
-
-            # -------- Q2..Q4 per n-block
-            a_inv = ldsm_x4(sb + OFF_INV + off_sq)
-            a_mqk = ldsm_x4(sb + OFF_MQK + off_sq)
-            bs0 = lds_bf16_f32(sb + OFF_BSIG + 2 * g)
-            bs1 = lds_bf16_f32(sb + OFF_BSIG + 2 * (g + 8))
-            ok0 = Int32(g < m)
-            ok1 = Int32(g + 8 < m)
-            row0 = Int64(start + g) * H64 + h64
-            out_a0 = out_ptr + row0 * HEAD_ROW_BYTES + Int64(col0 + 2 * q) * 2
-            out_a1 = out_a0 + Int64(8) * H64 * HEAD_ROW_BYTES
-            v_a0 = sb + OFF_V + g * VSTR + (w * NW + 2 * q) * 2
-            u_frag = []
-            for nb in cutlass.range_constexpr(NB):
-                ub = solve_u_fragment(
-                    acc_u[nb], lambda: (select_b32(ok0, lds_b32(v_a0 + 16 * nb), Int32(0)),
-                                        select_b32(ok1, lds_b32(v_a0 + 8 * VSTR + 16 * nb), Int32(0))),
-                    bs0, bs1, a_inv, zero)
-                u_frag.append(ub)
-                o2 = mma_bf16_16816(a_mqk, ub, (zero, zero, zero, zero))
-                o1r0, o1r1 = round_bf16x2(acc_o[nb][0], acc_o[nb][1])
-                o1r2, o1r3 = round_bf16x2(acc_o[nb][2], acc_o[nb][3])
-                o2r0, o2r1 = round_bf16x2(o2[0], o2[1])
-                o2r2, o2r3 = round_bf16x2(o2[2], o2[3])
-                ow0 = pack_bf16x2(add_rn(o1r0, o2r0), add_rn(o1r1, o2r1))
-                ow1 = pack_bf16x2(add_rn(o1r2, o2r2), add_rn(o1r3, o2r3))
-                stg_b32_if(out_a0 + 16 * nb, ow0, ok0)
-                stg_b32_if(out_a1 + 16 * nb, ow1, ok1)
-
-            # -------- Q5: S^T = bf(fma(S^T, gamma, Kr^T U)), 8 m-blocks of 16 keys
-            for mb in cutlass.range_constexpr(D // 16):
-                a_kr = ldsm_x4_t(sb + OFF_KR + 512 * mb + off_kr)
-                gam0 = lds_f32(sb + OFF_GT + 4 * (16 * mb + g))
-                gam1 = lds_f32(sb + OFF_GT + 4 * (16 * mb + 8 + g))
-                for nb in cutlass.range_constexpr(NB):
-                    ds = mma_bf16_16816(a_kr, u_frag[nb], (zero, zero, zero, zero))
-                    w_a0 = region + 128 * (nb + NB * (2 * mb)) + 4 * lane
-                    w_a1 = w_a0 + 128 * NB
-                    iw = 2 * (mb * NB + nb)
-                    st_words[iw], st_words[iw + 1] = state_words_step(st_words[iw], st_words[iw + 1], gam0, gam1, ds)
-                    sts_b32(w_a0, st_words[iw])
-                    sts_b32(w_a1, st_words[iw + 1])
-
-            # state writes visible to the whole warp; stage reads done -> release it
+                        sts_b32(waddr, Int32(0))
             cute.arch.sync_warp()
-            with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive(empty + s)
 
-        # -------- Q6 exit state
-        if cutlass.const_expr(has_final):
-            # final_slots (CP): "sequence" n is a segment; only a sequence's last segment has a slot
-            # (the sequence index, -1 otherwise) and writes final_state[slot] directly.
-            slot = n
-            if cutlass.const_expr(final_slots):
-                slot = mSlot[n]
-            if slot >= 0:
-                _store_exit_state(final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), region, lane, col0, NB, NW,
-                                  final_fp32)
+            zero = Float32(0.0)
+            # This lane's words of S^T at its Q5 C-fragment positions, kept in registers across tiles:
+            # Q5 reads the old state from here instead of shared memory (the kernel is bound by shared
+            # memory throughput) and still writes the new one there for Q1's ldmatrix. Same values.
+            st_words = []
+            for mb in cutlass.range_constexpr(D // 16):
+                for nb in cutlass.range_constexpr(NB):
+                    w_a0 = region + 128 * (nb + NB * (2 * mb)) + 4 * lane
+                    st_words.append(lds_b32(w_a0))
+                    st_words.append(lds_b32(w_a0 + 128 * NB))
+            for i in cutlass.range(ntiles, unroll=1):
+                s = i % STAGES
+                cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
+                sb = buf_addr + s * SB
+                start = tok0 + i * CHUNK
+                m = cutlass.min(tok_end - start, CHUNK)
+
+                # -------- Q1: u, o1 accumulators, 8 sequential k-steps
+                acc_u = [[zero, zero, zero, zero] for _ in range(NB)]
+                acc_o = [[zero, zero, zero, zero] for _ in range(NB)]
+                bq = [None, None, None, None]
+                for kb in cutlass.range_constexpr(D // 16):
+                    a_k = ldsm_x4(sb + OFF_KD + 512 * kb + off_a)
+                    a_q = ldsm_x4(sb + OFF_QD + 512 * kb + off_a)
+                    if cutlass.const_expr(NB >= 2):
+                        for p in cutlass.range_constexpr(NB // 2):
+                            bq = ldsm_x4_t(region + 128 * (2 * p + 2 * NB * kb) + off_sb)
+                            for t in cutlass.range_constexpr(2):
+                                bfrag = (bq[2 * t], bq[2 * t + 1])
+                                acc_u[2 * p + t] = list(mma_bf16_16816(a_k, bfrag, acc_u[2 * p + t]))
+                                acc_o[2 * p + t] = list(mma_bf16_16816(a_q, bfrag, acc_o[2 * p + t]))
+                    else:
+                        if cutlass.const_expr(kb % 2 == 0):
+                            bq = ldsm_x4_t(region + 256 * kb + off_sb)
+                        t = kb % 2
+                        bfrag = (bq[2 * t], bq[2 * t + 1])
+                        acc_u[0] = list(mma_bf16_16816(a_k, bfrag, acc_u[0]))
+                        acc_o[0] = list(mma_bf16_16816(a_q, bfrag, acc_o[0]))
+
+                # -------- Q2..Q4 per n-block
+                a_inv = ldsm_x4(sb + OFF_INV + off_sq)
+                a_mqk = ldsm_x4(sb + OFF_MQK + off_sq)
+                bs0 = lds_bf16_f32(sb + OFF_BSIG + 2 * g)
+                bs1 = lds_bf16_f32(sb + OFF_BSIG + 2 * (g + 8))
+                ok0 = Int32(g < m)
+                ok1 = Int32(g + 8 < m)
+                row0 = Int64(start + g) * H64 + h64
+                out_a0 = out_ptr + row0 * HEAD_ROW_BYTES + Int64(col0 + 2 * q) * 2
+                out_a1 = out_a0 + Int64(8) * H64 * HEAD_ROW_BYTES
+                v_a0 = sb + OFF_V + g * VSTR + (w * NW + 2 * q) * 2
+                u_frag = []
+                for nb in cutlass.range_constexpr(NB):
+                    ub = solve_u_fragment(
+                        acc_u[nb], lambda: (select_b32(ok0, lds_b32(v_a0 + 16 * nb), Int32(0)),
+                                            select_b32(ok1, lds_b32(v_a0 + 8 * VSTR + 16 * nb), Int32(0))),
+                        bs0, bs1, a_inv, zero)
+                    u_frag.append(ub)
+                    o2 = mma_bf16_16816(a_mqk, ub, (zero, zero, zero, zero))
+                    o1r0, o1r1 = round_bf16x2(acc_o[nb][0], acc_o[nb][1])
+                    o1r2, o1r3 = round_bf16x2(acc_o[nb][2], acc_o[nb][3])
+                    o2r0, o2r1 = round_bf16x2(o2[0], o2[1])
+                    o2r2, o2r3 = round_bf16x2(o2[2], o2[3])
+                    ow0 = pack_bf16x2(add_rn(o1r0, o2r0), add_rn(o1r1, o2r1))
+                    ow1 = pack_bf16x2(add_rn(o1r2, o2r2), add_rn(o1r3, o2r3))
+                    stg_b32_if(out_a0 + 16 * nb, ow0, ok0)
+                    stg_b32_if(out_a1 + 16 * nb, ow1, ok1)
+
+                # -------- Q5: S^T = bf(fma(S^T, gamma, Kr^T U)), 8 m-blocks of 16 keys
+                for mb in cutlass.range_constexpr(D // 16):
+                    a_kr = ldsm_x4_t(sb + OFF_KR + 512 * mb + off_kr)
+                    gam0 = lds_f32(sb + OFF_GT + 4 * (16 * mb + g))
+                    gam1 = lds_f32(sb + OFF_GT + 4 * (16 * mb + 8 + g))
+                    for nb in cutlass.range_constexpr(NB):
+                        ds = mma_bf16_16816(a_kr, u_frag[nb], (zero, zero, zero, zero))
+                        w_a0 = region + 128 * (nb + NB * (2 * mb)) + 4 * lane
+                        w_a1 = w_a0 + 128 * NB
+                        iw = 2 * (mb * NB + nb)
+                        st_words[iw], st_words[iw + 1] = state_words_step(st_words[iw], st_words[iw + 1], gam0, gam1, ds)
+                        sts_b32(w_a0, st_words[iw])
+                        sts_b32(w_a1, st_words[iw + 1])
+
+                # state writes visible to the whole warp; stage reads done -> release it
+                cute.arch.sync_warp()
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive(empty + s)
+
+            # -------- Q6 exit state
+            if cutlass.const_expr(has_final):
+                if slot >= 0:
+                    _store_exit_state(final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), region, lane, col0, NB, NW,
+                                      final_fp32)
 
 
 @cute.jit

@@ -1,5 +1,6 @@
 """Constants and tile helpers shared by every kernel (spec notation: C = CHUNK, K = V = D)."""
 
+import cutlass
 import cutlass.cute as cute
 
 CHUNK = 16  # tokens per tile (spec 2.3); the 16x16 inverse and the gate range argument rely on it
@@ -47,7 +48,7 @@ def raw_tile_layout():
 # across a barrier or sinks them into a lane-divergent branch; pure arithmetic is left free.
 # ---------------------------------------------------------------------------------------------
 
-from cutlass import Float32, Int32, Uint32  # noqa: E402
+from cutlass import Float32, Int32, Int64, Uint32  # noqa: E402
 from cutlass._mlir.dialects import llvm  # noqa: E402
 from cutlass.cute.nvgpu import cpasync  # noqa: E402
 from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
@@ -267,3 +268,55 @@ def bulk_s2g_elected(pairs) -> None:
             bulk_s2g(ssrc, gdst)
         cute.arch.cp_async_bulk_commit_group()
         cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+
+# --- the single-CTA table kernels (varlen_tiles, cp_seg_tables) ---------------------------------
+
+def clamp_token(value, t_total: Int32) -> Int32:
+    """min(t_total, max(0, value)) of a cu_seqlens entry of either width, computed in 64 bits so
+    an int64 entry past 2^31 cannot wrap into range (t_total >= 0)."""
+    v = Int64(value)
+    v = cutlass.max(v, Int64(0))
+    v = cutlass.min(v, Int64(t_total))
+    return Int32(v)
+
+
+def tile_count(length: Int32) -> Int32:
+    """ceil(length / 16) of a clamped length in [0, 2^31 - 1], rounded up in 64 bits (no wrap)."""
+    return Int32((Int64(length) + (CHUNK - 1)) // CHUNK)
+
+
+@cute.jit
+def block_scan(x: Int32, carry: Int32, lane: Int32, warp: Int32, s_warp: cute.Tensor,
+               use_max: cutlass.Constexpr[bool], warps: cutlass.Constexpr[int]):
+    """Scan of one Int32 per thread in thread order, continuing from `carry` (the result of the
+    blocks before): (exclusive, inclusive, block total) with op = max (use_max) or +.
+
+    Warp scans with shuffles, the warp results through s_warp [warps] in shared memory. With max,
+    every value must be >= 0 (0 is then the identity the lanes past the table contribute). The
+    caller syncs the CTA before s_warp is written again (the next call)."""
+    for offset in cutlass.range_constexpr(5):
+        y = cute.arch.shuffle_sync_up(x, 1 << offset)
+        if lane >= (1 << offset):
+            x = cutlass.max(x, y) if cutlass.const_expr(use_max) else x + y
+    below = cute.arch.shuffle_sync_up(x, 1)  # the warp's inclusive scan at lane - 1
+    if lane == 31:
+        s_warp[warp] = x
+    cute.arch.barrier()
+    before = carry
+    total = carry
+    for w in cutlass.range_constexpr(warps):
+        s = s_warp[w]
+        if cutlass.const_expr(use_max):
+            if w < warp:
+                before = cutlass.max(before, s)
+            total = cutlass.max(total, s)
+        else:
+            if w < warp:
+                before = before + s
+            total = total + s
+    excl = before
+    if lane > 0:
+        excl = cutlass.max(before, below) if cutlass.const_expr(use_max) else before + below
+    incl = cutlass.max(before, x) if cutlass.const_expr(use_max) else before + x
+    return excl, incl, total

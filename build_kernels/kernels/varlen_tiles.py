@@ -1,15 +1,24 @@
 """Sequence tables on the device: token starts and the per-sequence tile prefix sum.
 
-seq_start[n] = cu_seqlens[n] as int32 (or n*T for dense inputs), and
-tile_prefix[0] = 0, tile_prefix[n + 1] = tile_prefix[n] + ceil(len_n / CHUNK), with
-len_n = cu_seqlens[n + 1] - cu_seqlens[n] (spec 1.3: a sequence owns ceil(len/16) tiles and the
-global tile index of its tile j is tile_prefix[n] + j). K1 and K2 read this table, so a packed batch
-needs no device-to-host copy to be launched (docs/kernel_abi.md).
+Varlen (`seq_tables_varlen`): the runtime never reads cu_seqlens back, so the kernel must turn ANY
+content into tables K1 and K2 can follow without leaving their buffers. It clamps first:
 
-One CTA of THREADS threads scans the sequences in blocks of THREADS: a warp-level inclusive scan
-with shuffles, the warp totals through shared memory, and a running carry across blocks. A single
-CTA is enough: N is at most a few thousand sequences and the kernel is one pass over 8 bytes each.
-Negative lengths (an invalid cu_seqlens the host could not check) count as zero tiles.
+    c[i] = min(t_total, max(0, max_{j <= i} cu[j]))      (64-bit before narrowing, i = 0..N)
+    seq_start[i] = c[i],  tile_prefix[0] = 0,  tile_prefix[i + 1] = tile_prefix[i] + ceil((c[i+1] - c[i]) / 16)
+
+c is non-decreasing and inside [0, t_total], so every sequence is a (possibly empty) run of real
+tokens, and tile_prefix[N] <= ceil(t_total / 16) + N - 1 < cap (docs/kernel_abi.md). For a valid
+cu_seqlens (0 = cu[0] <= cu[1] <= ... <= cu[N] = t_total) this is the identity: seq_start = cu.
+clamp(max(a, b)) = max(clamp(a), clamp(b)), so each thread clamps its own entry and the kernel
+max-scans the clamped values (spec 1.3: a sequence owns ceil(len/16) tiles and the global tile
+index of its tile j is tile_prefix[n] + j).
+
+Dense (`seq_tables_dense`): seq_start[n] = n*T, nothing to clamp (the host knows the shape).
+
+One CTA of THREADS threads walks the sequences in blocks of THREADS: warp-level inclusive scans
+with shuffles, the warp results through shared memory, and a running carry across blocks (a max
+for the clamped starts, a sum for the tiles). A single CTA is enough: N is at most a few thousand
+sequences and the kernel is one pass over 8 bytes each.
 """
 
 import cuda.bindings.driver as cuda
@@ -17,7 +26,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
-from .tile_ops import CHUNK, await_previous_grid
+from .tile_ops import CHUNK, await_previous_grid, block_scan, clamp_token, tile_count
 
 THREADS = 256
 WARPS = THREADS // 32
@@ -26,6 +35,9 @@ WARPS = THREADS // 32
 @cute.kernel
 def _seq_tables_kernel(mCu: cute.Tensor, mStart: cute.Tensor, mPrefix: cute.Tensor, n_seq: Int32, seq_len: Int32,
                        dense: cutlass.Constexpr[bool]):
+    # The dense tables only. The signature (an unused mCu, dense=True) is the one the GPU-tested
+    # build had when this kernel also served varlen: it names the PTX entry, so keeping it keeps
+    # seq_tables_dense byte-identical (build_kernels.ptx_check).
     tidx, _, _ = cute.arch.thread_idx()
     lane = cute.arch.lane_idx()
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -42,15 +54,8 @@ def _seq_tables_kernel(mCu: cute.Tensor, mStart: cute.Tensor, mPrefix: cute.Tens
         i = base + tidx
         tiles = Int32(0)
         if i < n_seq:
-            if cutlass.const_expr(dense):
-                mStart[i + 1] = (i + 1) * seq_len
-                tiles = (seq_len + (CHUNK - 1)) // CHUNK
-            else:
-                end = Int64(mCu[i + 1])
-                mStart[i + 1] = Int32(end)
-                length = end - Int64(mCu[i])
-                if length > 0:
-                    tiles = Int32((length + (CHUNK - 1)) // CHUNK)
+            mStart[i + 1] = (i + 1) * seq_len
+            tiles = (seq_len + (CHUNK - 1)) // CHUNK
         # Inclusive scan inside the warp.
         x = tiles
         for offset in cutlass.range_constexpr(5):
@@ -74,13 +79,51 @@ def _seq_tables_kernel(mCu: cute.Tensor, mStart: cute.Tensor, mPrefix: cute.Tens
         cute.arch.barrier()
 
 
+@cute.kernel
+def _clamped_tables_kernel(mCu: cute.Tensor, mStart: cute.Tensor, mPrefix: cute.Tensor, n_seq: Int32,
+                           t_total: Int32):
+    tidx, _, _ = cute.arch.thread_idx()
+    lane = cute.arch.lane_idx()
+    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    await_previous_grid()
+
+    smem = cutlass.memory.SmemAllocator()
+    sWarpMax = smem.allocate_tensor(Int32, cute.make_layout(WARPS), byte_alignment=16)
+    sWarpTotal = smem.allocate_tensor(Int32, cute.make_layout(WARPS), byte_alignment=16)
+
+    first = clamp_token(mCu[0], t_total)  # c[0]: where sequence 0 starts
+    if tidx == 0:
+        mPrefix[0] = Int32(0)
+        mStart[0] = first
+    carry_max = first  # c[base]: the clamped running maximum before this block
+    carry = Int32(0)  # tile_prefix[base]
+    for base in cutlass.range(0, n_seq, THREADS, unroll=1):
+        i = base + tidx
+        # Thread i owns sequence i: the max-scan gives its end c[i + 1] (inclusive) and its start
+        # c[i] (exclusive). Threads past N contribute 0, the identity of the clamped values.
+        end = Int32(0)
+        if i < n_seq:
+            end = clamp_token(mCu[i + 1], t_total)
+        lo, hi, carry_max = block_scan(end, carry_max, lane, warp, sWarpMax, True, WARPS)
+        tiles = Int32(0)
+        if i < n_seq:
+            mStart[i + 1] = hi
+            tiles = tile_count(hi - lo)
+        _, upto, carry = block_scan(tiles, carry, lane, warp, sWarpTotal, False, WARPS)
+        if i < n_seq:
+            mPrefix[i + 1] = upto
+        # Both warp arrays are overwritten by the next block.
+        cute.arch.barrier()
+
+
 @cute.jit
 def seq_tables_varlen(cu_seqlens: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer, n_seq: Int32,
-                      stream: cuda.CUstream):
-    """cu_seqlens int32/int64 [n_seq + 1] -> seq_start, tile_prefix int32 [n_seq + 1]."""
+                      t_total: Int32, stream: cuda.CUstream):
+    """cu_seqlens int32/int64 [n_seq + 1] (any content) -> seq_start, tile_prefix int32 [n_seq + 1],
+    clamped to tokens [0, t_total) (module docstring); t_total >= 0 is the token count of q."""
     table = cute.make_layout(n_seq + 1)
-    _seq_tables_kernel(cute.make_tensor(cu_seqlens, table), cute.make_tensor(seq_start, table),
-                       cute.make_tensor(tile_prefix, table), n_seq, Int32(0), False).launch(
+    _clamped_tables_kernel(cute.make_tensor(cu_seqlens, table), cute.make_tensor(seq_start, table),
+                           cute.make_tensor(tile_prefix, table), n_seq, t_total).launch(
         grid=(1, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True)
 
 
