@@ -120,7 +120,8 @@ def serial_launch(lib: KernelLibrary, problem: Problem, sm_count: int, value_spl
 @functools.lru_cache(maxsize=None)
 def cp_available(lib: KernelLibrary) -> bool:
     return all(any(k.entry == e for k in lib.kernels.values())
-               for e in ("cp_seg_tables", "cp_pre_scan", "cp_merge", "k2_segments", "k2_recurrence"))
+               for e in ("cp_seg_tables_varlen", "cp_seg_tables_dense", "cp_pre_scan", "cp_merge", "k2_segments",
+                         "k2_recurrence"))
 
 
 def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count: int,

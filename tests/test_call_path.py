@@ -169,3 +169,36 @@ def test_gate_constant_is_formed_in_double_and_rounded_once():
     import numpy as np
 
     assert launcher.gate_constant(-5.0) == float(np.float32(-5.0 * 1.4426950408889634))
+
+
+@pytest.mark.parametrize("hint", [False, True])
+def test_cp_auto_cuts_on_the_device(rec, hint):
+    """H=8 [8192, 2048]: the device builds the segment tables, with the host plan's cut when a
+    hint is given and device_plan's otherwise (12 + 3 segments of at most 43 tiles either way)."""
+    from kda_aot import cp_plan
+
+    lens = [8192, 2048]
+    x = problem_args(lens=lens, H=8, state="float32")
+    kw = dict(seq_lens=lens) if hint else {}
+    call(x, workspace=_ws(x, **kw), **kw)
+    names = _names(rec.last)
+    assert names == ["cp_seg_tables_int32", "k1_prepare", "cp_pre_scan_vb128", "cp_merge_f32",
+                     "k2_segments_f32_vb128"], names
+    tables = rec.last[0].args
+    if hint:
+        plan = cp_plan.plan_prefill(lens, 8, sm_count=132)
+        want = (plan.seg_len, plan.max_count, plan.min_tiles, plan.n_segments)
+    else:
+        want = cp_plan.device_plan(sum(lens), 2, 8, 132, "auto")
+    assert (tables["seg_len"], tables["max_count"], tables["min_tiles"], tables["max_segments"]) == want
+    segs = cp_plan.device_segment_tables([0, 8192, 10240], 10240, *want)
+    assert sum(segs[4]) == 15  # seg_count: 12 + 3
+    k2 = rec.last[-1].args
+    assert k2["n_seq"] == want[3] and k2["final_state"] == x["final_state"].ptr
+    assert rec.last[2].args["n_scan"] == want[3] - 2
+
+
+def test_serial_shapes_stay_serial_without_hints(rec):
+    x = problem_args(lens=[1024] * 8, H=64)
+    call(x, workspace=_ws(x))
+    assert _names(rec.last)[0] == "seq_tables_int32"
