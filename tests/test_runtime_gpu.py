@@ -105,9 +105,9 @@ def test_two_graphs_of_different_shapes_replay_in_turn():
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             outs = _call(static)
-        graphs.append((g, outs, _call(static)))
+        graphs.append((g, outs, _call(static), static))  # the captured inputs must stay alive
     for _ in range(3):
-        for g, outs, want in graphs:
+        for g, outs, want, _static in graphs:
             outs[0].fill_(float("nan"))
             g.replay()
             assert _equal(outs, want)
