@@ -55,9 +55,9 @@ def package_version() -> str:
             return found.group(1)
     from importlib import metadata
 
-    for name in DISTRIBUTIONS:
+    for dist in DISTRIBUTIONS:
         try:
-            return metadata.version(name)
+            return metadata.version(dist)
         except metadata.PackageNotFoundError:
             pass
     return "0+unknown"
