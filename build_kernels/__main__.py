@@ -3,8 +3,10 @@
     python -m build_kernels --out DIR [--cache DIR] [--flavour cu12|cu13]
 
 Writes into DIR: one <variant>.o/.h per kernel, kernel_table.h (the rows the C shim walks),
-objects.txt (what CMake links) and manifest.json (what the runtime reads). CMake runs this at
-configure time; it also runs standalone for compile-only checks.
+objects.txt (what CMake links), manifest.json (what the runtime reads and checks against its own
+expectation: kda_aot/identity.py) and _build_revision.txt (the git revision, which CMake installs
+into the package so the runtime knows its own revision). CMake runs this at configure time; it
+also runs standalone for compile-only checks.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import abi
 from . import compile as kc
 from .registry import all_variants
 
@@ -123,10 +126,17 @@ def main(argv=None) -> int:
 
     (args.out / "kernel_table.h").write_text(_kernel_table(rows))
     (args.out / "objects.txt").write_text("".join(f"{args.out / name}.o\n" for name, _ in rows))
+    if abi.render_abi_module(all_variants()) != abi.ABI_MODULE.read_text():
+        # The runtime would refuse this library (identity.py): say so now, not at first load.
+        print(f"[build_kernels] WARNING {abi.ABI_MODULE} does not match the registry; run "
+              "python -m build_kernels.abi --write", file=sys.stderr, flush=True)
+    revision = _git_revision()
     manifest = {
-        "format": 1,
+        "format": 2,  # kda_aot.identity.MANIFEST_FORMAT
         "package_version": _package_version(),
-        "git_revision": _git_revision(),
+        "git_revision": revision,
+        "abi_hash": abi.abi_hash(variants),
+        "arg_alignment": abi.arg_alignment(variants),
         "dsl_version": kc.cutlass.__version__,
         "cuda_flavour": args.flavour,
         "cudart_version": _cudart_version(args.flavour),
@@ -134,6 +144,7 @@ def main(argv=None) -> int:
         "kernels": [v.to_json() | {"fingerprint": kc.fingerprint(v)} for v in variants],
     }
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    (args.out / "_build_revision.txt").write_text(revision + "\n")
     print(f"[build_kernels] done: {len(variants)} kernels in {time.perf_counter() - start:.1f} s", flush=True)
     return 0
 

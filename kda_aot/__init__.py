@@ -8,23 +8,12 @@ DSL is needed at run time: the kernels ship compiled in kda_aot/_lib.
 
 
 def _version() -> str:
-    """The version (single source: pyproject.toml), which the build manifest records beside the
-    library. The prebuilt wheels are named per CUDA flavour (kda-aot-cu12, kda-aot-cu13; a source
-    install is kda-aot: docs/wheels.md), so the manifest is read first, then the distributions."""
-    import json
-    from importlib import metadata
-    from pathlib import Path
+    """The version from this package's own metadata (pyproject.toml in a source tree, else the
+    installed distribution: kda-aot, kda-aot-cu12 or kda-aot-cu13), never from the build
+    manifest, which the loader checks against it (identity.py)."""
+    from .identity import package_version
 
-    try:
-        return json.loads((Path(__file__).parent / "_lib" / "manifest.json").read_text())["package_version"]
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    for name in ("kda-aot", "kda-aot-cu12", "kda-aot-cu13"):
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
-    return "0+unknown"  # a source tree that was never installed
+    return package_version()
 
 
 __version__ = _version()

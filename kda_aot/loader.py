@@ -101,6 +101,7 @@ class KernelLibrary:
                 f"kda-aot kernel library not found in {self.directory} (expected {LIB_NAME} and {MANIFEST_NAME}); "
                 "install a built wheel or build from source with `pip install .`")
         self.manifest: dict = json.loads(manifest_path.read_text())
+        from .identity import check_library_identity; check_library_identity(self.manifest, self.path)  # noqa: E702
         self._lock = threading.Lock()
         self._lib = ctypes.CDLL(str(self.path))
         # kda_run is called through PyDLL, which keeps the GIL for the call: one prefill's launches
@@ -182,7 +183,17 @@ _library_lock = threading.Lock()
 
 
 def library_dir() -> Path:
-    return Path(os.environ.get(LIB_DIR_ENV) or LIB_DIR)
+    """KDA_AOT_LIB_DIR when set, else the packaged _lib. The variable must be an absolute path:
+    a relative one would resolve against whatever the working directory is at first use, so
+    the same process could load different libraries from different directories."""
+    value = os.environ.get(LIB_DIR_ENV)
+    if not value:
+        return LIB_DIR
+    path = Path(value)
+    if not path.is_absolute():
+        raise LibraryNotFoundError(f"{LIB_DIR_ENV}: must be an absolute path, got {value!r} "
+                                   f"(for example {LIB_DIR_ENV}={Path(value).resolve()})")
+    return path
 
 
 def get_library() -> KernelLibrary:

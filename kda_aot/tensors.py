@@ -12,6 +12,8 @@ from typing import Any, Optional, Tuple
 
 from cuda.core.utils import StridedMemoryView
 
+from . import dtypes
+
 # DLPack device type of CUDA device memory (kDLCUDA). Host, pinned and managed memory are refused:
 # the kernels read through TMA, which needs device global memory.
 _CUDA = "cuda"
@@ -28,6 +30,10 @@ class TensorDesc:
     dtype: str  # numpy-style name: "bfloat16", "float32", "int32", "int64", ...
     device: str  # "cuda" or "cpu" (anything not device memory is "cpu" here)
     device_id: int
+    # The producer marked the memory read-only (DLPack 1.0 flag DLPACK_FLAG_BITMASK_READ_ONLY):
+    # the wall refuses it as an output. Compared like the other fields: a read-only and a
+    # writable view of the same memory are different arguments.
+    readonly: bool = False
     owner: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
@@ -39,7 +45,7 @@ class TensorDesc:
 
     @property
     def itemsize(self) -> int:
-        return _ITEMSIZE[self.dtype]
+        return dtypes.itemsize(self.dtype)
 
     @property
     def nbytes(self) -> int:
@@ -55,12 +61,6 @@ class TensorDesc:
                 return False
             expected *= size
         return True
-
-
-_ITEMSIZE = {
-    "bfloat16": 2, "float16": 2, "float32": 4, "float64": 8,
-    "int8": 1, "uint8": 1, "int16": 2, "int32": 4, "int64": 8, "bool": 1,
-}
 
 
 def _contiguous_strides(shape: Tuple[int, ...]) -> Tuple[int, ...]:
@@ -94,6 +94,14 @@ def describe_dlpack(obj: Any, name: str) -> TensorDesc:
         view = StridedMemoryView.from_dlpack(obj, stream_ptr=-1)
     except Exception as exc:  # the producer refused (e.g. an unsupported dtype)
         raise TypeError(f"{name}: could not be read through DLPack: {exc}") from exc
+    try:
+        # The view converts the DLPack dtype code lazily, here; a code numpy has no name for
+        # (float8_*, ...) raises then.
+        dtype = str(view.dtype)
+    except Exception as exc:
+        raise TypeError(f"{name}: dtype not supported ({exc}); expected one of "
+                        f"{dtypes.supported_list()} (nothing is cast)") from exc
+    _check_known_dtype(dtype, name)
     shape = tuple(int(s) for s in view.shape)
     strides = view.strides
     strides = _contiguous_strides(shape) if strides is None else tuple(int(s) for s in strides)
@@ -103,9 +111,11 @@ def describe_dlpack(obj: Any, name: str) -> TensorDesc:
         ptr=int(view.ptr),
         shape=shape,
         strides=strides,
-        dtype=str(view.dtype),
+        dtype=dtype,
         device=_CUDA if on_device else "cpu",
         device_id=int(view.device_id) if on_device else -1,
+        # cuda.core before 0.5 has no `readonly`; such producers cannot say so either way.
+        readonly=bool(getattr(view, "readonly", False)),
         owner=obj,
     )
 
@@ -117,14 +127,17 @@ def _describe_torch(t: Any, name: str) -> TensorDesc:
 
     if not isinstance(t, torch.Tensor):
         return describe_dlpack(t, name)
-    dtype = _TORCH_DTYPES.get(t.dtype) or str(t.dtype).removeprefix("torch.")
+    _check_no_lazy_bits(t, name)
+    dtype = _TORCH_DTYPES.get(t.dtype)
+    if dtype is None:
+        _check_known_dtype(str(t.dtype).removeprefix("torch."), name)
     on_device = t.is_cuda
     # Filling __dict__ directly skips the frozen dataclass's per-field object.__setattr__: the
     # result is the same value-compared, hashable description.
     desc = object.__new__(TensorDesc)
     desc.__dict__.update(name=name, ptr=t.data_ptr(), shape=tuple(t.shape), strides=t.stride(), dtype=dtype,
                          device=_CUDA if on_device else "cpu", device_id=t.get_device() if on_device else -1,
-                         owner=t)
+                         readonly=False, owner=t)
     return desc
 
 
@@ -134,9 +147,27 @@ _TORCH_DTYPES: dict = {}
 def _init_torch_dtypes() -> None:
     import torch
 
-    for name in _ITEMSIZE:
+    for name in dtypes.KNOWN_ITEMSIZE:
         if hasattr(torch, name):
             _TORCH_DTYPES[getattr(torch, name)] = name
+
+
+def _check_known_dtype(dtype: str, name: str) -> None:
+    if not dtypes.is_known(dtype):
+        raise TypeError(f"{name}: dtype {dtype} is not supported; expected one of "
+                        f"{dtypes.supported_list()} (nothing is cast)")
+
+
+def _check_no_lazy_bits(t: Any, name: str) -> None:
+    """A torch negative or conjugate view shares memory holding the un-negated (un-conjugated)
+    values and applies the sign lazily; the kernels read memory, so they would see the wrong
+    numbers. DLPack refuses to export such views too."""
+    if t.is_neg():
+        raise ValueError(f"{name}: a torch negative view (is_neg()): its memory holds the "
+                         "un-negated values; call .resolve_neg() first (nothing is copied here)")
+    if t.is_conj():
+        raise ValueError(f"{name}: a torch conjugate view (is_conj()): its memory holds the "
+                         "un-conjugated values; call .resolve_conj() first (nothing is copied here)")
 
 
 def _is_host_visible(obj: Any) -> bool:

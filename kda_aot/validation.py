@@ -5,8 +5,8 @@ tested) on a machine without a GPU. Nothing is ever copied, cast or made contigu
 that does not fit is refused with an error whose message starts with the argument's name.
 
 Checks run in phases, so the first error reported is the most basic one:
-kinds (tensor / number) -> device -> dtype -> shape -> layout (contiguity, alignment)
--> values (scalars, cp) -> aliasing of the outputs.
+kinds (tensor / number) -> device, writable outputs -> dtype -> shape -> layout (contiguity,
+alignment) -> values (scalars, cp) -> aliasing of the outputs.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, Iterable, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
 if TYPE_CHECKING:  # kda_aot.tensors imports cuda.core; this module stays importable without it
     from .tensors import TensorDesc
@@ -75,10 +76,16 @@ _DTYPES: Dict[str, Tuple[str, ...]] = {
     "cu_seqlens": (_I32, _I64),
 }
 
-# Bulk (TMA) copies need 16-byte aligned global addresses; the small vectors are read per element.
-_ALIGNMENT: Dict[str, int] = {
-    "q": 16, "k": 16, "v": 16, "g": 16, "out": 16, "initial_state": 16, "final_state": 16,
-    "beta": 4, "A_log": 4, "dt_bias": 4, "cu_seqlens": 4,
+# Bytes each pointer must be aligned to, per argument and dtype: the largest alignment any kernel
+# declares for the pointer it receives (build_kernels/registry.py; the build writes the same table
+# to the manifest as `arg_alignment`, and a CPU test keeps the two equal). Bulk (TMA) copies need
+# 16 bytes; beta is read as bf16 pairs, A_log per element, dt_bias in 16-byte vectors.
+Alignment = Mapping[str, Mapping[str, int]]
+ALIGNMENT: Alignment = {
+    "q": {_BF16: 16}, "k": {_BF16: 16}, "v": {_BF16: 16}, "g": {_BF16: 16}, "out": {_BF16: 16},
+    "beta": {_BF16: 2}, "A_log": {_FP32: 4}, "dt_bias": {_FP32: 16},
+    "initial_state": {_BF16: 16, _FP32: 16}, "final_state": {_BF16: 16, _FP32: 16},
+    "cu_seqlens": {_I32: 4, _I64: 8},
 }
 
 Tensors = Dict[str, Optional["TensorDesc"]]
@@ -88,19 +95,23 @@ Tensors = Dict[str, Optional["TensorDesc"]]
 # Entry point
 
 def validate_prefill(*, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, initial_state,
-                     final_state, cu_seqlens, out, cp) -> Problem:
-    """Check every argument of a prefill call; return the Problem or raise naming the argument."""
+                     final_state, cu_seqlens, out, cp, alignment: Optional[Alignment] = None) -> Problem:
+    """Check every argument of a prefill call; return the Problem or raise naming the argument.
+
+    `alignment`: bytes per argument and dtype (a manifest's `arg_alignment`); default ALIGNMENT.
+    """
     t: Tensors = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias, out=out,
                       initial_state=initial_state, final_state=final_state, cu_seqlens=cu_seqlens)
     _check_kinds(t)
     _check_scalar_kinds(lower_bound=lower_bound, scale=scale)
     given = {name: d for name, d in t.items() if d is not None}
     _check_devices(given)
+    _check_writable(given)
     _check_dtypes(given)
     _check_state_dtypes_match(initial_state, final_state)
     B, T, H, N = _check_shapes(t)
     _check_contiguous(given)
-    _check_alignment(given)
+    _check_alignment(given, ALIGNMENT if alignment is None else alignment)
     lb = _check_lower_bound(lower_bound)
     sc = _check_scale(scale)
     cp_mode = parse_cp(cp)
@@ -127,8 +138,8 @@ def _state_dtype(initial: Optional[TensorDesc], final: Optional[TensorDesc]) -> 
 # --------------------------------------------------------------------------------------------
 # Phase 1: kinds
 
-_DESC_FIELDS = ("ptr", "shape", "strides", "dtype", "device", "device_id", "numel", "nbytes",
-                "is_contiguous")
+_DESC_FIELDS = ("ptr", "shape", "strides", "dtype", "device", "device_id", "readonly", "numel",
+                "nbytes", "is_contiguous")
 
 
 def _is_desc(x) -> bool:
@@ -172,6 +183,15 @@ def _check_devices(given: Dict[str, TensorDesc]) -> None:
         if d.device_id != want:
             raise ValueError(f"{name}: on cuda:{d.device_id}, but q is on cuda:{want}; "
                              "all tensors must be on the same device")
+
+
+def _check_writable(given: Dict[str, TensorDesc]) -> None:
+    """Outputs are written in place: a buffer its producer marked read-only is refused."""
+    for name in _OUTPUTS:
+        d = given.get(name)
+        if d is not None and d.readonly:
+            raise ValueError(f"{name}: the producer marked this tensor read-only (DLPack read-only "
+                             "flag); outputs are written in place, pass a writable buffer")
 
 
 # --------------------------------------------------------------------------------------------
@@ -271,12 +291,12 @@ def _check_contiguous(given: Dict[str, TensorDesc]) -> None:
                              f"{tuple(d.strides)}); nothing is copied, pass a contiguous tensor")
 
 
-def _check_alignment(given: Dict[str, TensorDesc]) -> None:
+def _check_alignment(given: Dict[str, TensorDesc], alignment: Alignment) -> None:
     for name, d in given.items():
-        align = _ALIGNMENT[name]
+        align = alignment[name][d.dtype]  # dtypes were checked: the entry exists
         if d.numel > 0 and d.ptr % align != 0:
-            why = ("the kernels read and write it with bulk (TMA) copies" if align == 16
-                   else "the kernels read it element-wise")
+            why = ("the kernels access it with 16-byte (bulk or vector) loads and stores"
+                   if align == 16 else f"the kernels read it in {align}-byte units")
             raise ValueError(f"{name}: data pointer {d.ptr:#x} is not {align}-byte aligned; "
                              f"{why} (nothing is copied)")
 
@@ -284,22 +304,50 @@ def _check_alignment(given: Dict[str, TensorDesc]) -> None:
 # --------------------------------------------------------------------------------------------
 # Phase 6: values
 
+_FLT_MIN = 2.0 ** -126  # smallest normal float32
+
+
+def as_float32(x: float) -> float:
+    """x rounded to float32 (round to nearest even, as numpy.float32 does; inf past the range).
+    struct's 'f' format is the same C conversion, without importing numpy here."""
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:  # struct refuses what rounds past FLT_MAX; numpy gives inf
+        return math.copysign(math.inf, x)
+
+
+def _is_f32_normal(x: float) -> bool:
+    """The kernels take the scalars as float32 and flush subnormals to zero (.ftz), so a value
+    is usable only if it rounds to a finite, normal float32."""
+    y = as_float32(x)
+    return math.isfinite(y) and abs(y) >= _FLT_MIN
+
+
 def _check_lower_bound(lower_bound) -> float:
-    lb = float(lower_bound)
-    if not math.isfinite(lb) or not (LOWER_BOUND_MIN <= lb < 0.0):
-        raise ValueError(f"lower_bound: expected a finite value in [{LOWER_BOUND_MIN:g}, 0), "
-                         f"got {lower_bound!r}")
+    lb = _to_float(lower_bound)
+    if not math.isfinite(lb) or not (LOWER_BOUND_MIN <= lb < 0.0) or not _is_f32_normal(lb):
+        raise ValueError(f"lower_bound: expected a finite value in [{LOWER_BOUND_MIN:g}, 0) that "
+                         f"is a normal float32 (|x| >= {_FLT_MIN:.3g}), got {lower_bound!r}")
     return lb
 
 
 def _check_scale(scale) -> float:
     if scale is None:
         return DEFAULT_SCALE
-    sc = float(scale)
-    if not math.isfinite(sc) or sc <= 0.0:
-        raise ValueError(f"scale: expected a finite positive float (or None for 128**-0.5), "
-                         f"got {scale!r}")
+    sc = _to_float(scale)
+    if not math.isfinite(sc) or sc <= 0.0 or not _is_f32_normal(sc):
+        raise ValueError(f"scale: expected a finite positive float that is a normal float32 "
+                         f"(between {_FLT_MIN:.3g} and 3.4e38; or None for 128**-0.5), got {scale!r}")
     return sc
+
+
+def _to_float(x) -> float:
+    """float(x) of a Real; an int beyond float's range (where float() raises OverflowError) is
+    an infinity, which the range checks then refuse with the argument's usual message."""
+    try:
+        return float(x)
+    except OverflowError:
+        return math.inf if x > 0 else -math.inf
 
 
 def parse_cp(cp, name: str = "cp") -> CpMode:
@@ -320,20 +368,73 @@ def parse_cp(cp, name: str = "cp") -> CpMode:
                      f"got {cp!r} ({type(cp).__name__})")
 
 
-def check_cu_seqlens_values(values: Sequence[int], T: int) -> None:
-    """Host copy of cu_seqlens: cu[0] == 0, non-decreasing, cu[-1] == T (empty sequences allowed)."""
-    cu = int_entries(values, "cu_seqlens")
+def check_cu_seqlens_values(values: Sequence[int], T: int, name: str = "cu_seqlens") -> None:
+    """Host copy of cu_seqlens: cu[0] == 0, non-decreasing, cu[-1] == T (empty sequences allowed).
+    `name`: the argument the values came from, which every message starts with."""
+    cu = int_entries(values, name)
     if len(cu) < 2:
-        raise ValueError(f"cu_seqlens: expected at least 2 entries [N+1], got {len(cu)}")
+        raise ValueError(f"{name}: expected at least 2 entries [N+1], got {len(cu)}")
     if cu[0] != 0:
-        raise ValueError(f"cu_seqlens: entry 0 must be 0, got {cu[0]}")
+        raise ValueError(f"{name}: entry 0 must be 0, got {cu[0]}")
     for i in range(1, len(cu)):
         if cu[i] < cu[i - 1]:
-            raise ValueError(f"cu_seqlens: must be non-decreasing, but entry {i} = {cu[i]} "
+            raise ValueError(f"{name}: must be non-decreasing, but entry {i} = {cu[i]} "
                              f"< entry {i - 1} = {cu[i - 1]}")
     if cu[-1] != T:
-        raise ValueError(f"cu_seqlens: last entry (index {len(cu) - 1}) must equal the total "
+        raise ValueError(f"{name}: last entry (index {len(cu) - 1}) must equal the total "
                          f"token count T = {T}, got {cu[-1]}")
+
+
+def check_seq_lens(seq_lens: Any, n_seq: int, T: int) -> Tuple[int, ...]:
+    """The caller's host copy of the sequence lengths (`seq_lens=`): one int >= 0 per sequence
+    (n_seq of them, from cu_seqlens' shape), summing to T. Returns them as a tuple of ints.
+
+    Entries are taken with operator.index only: a float, bool or string length is refused rather
+    than truncated, since a wrong host length would plan (and split) the wrong tokens."""
+    lengths = int_entries(_host_entries(seq_lens, "seq_lens"), "seq_lens")
+    if len(lengths) != n_seq:
+        raise ValueError(f"seq_lens: expected {n_seq} lengths (one per sequence, as cu_seqlens "
+                         f"has {n_seq + 1} entries), got {len(lengths)}")
+    for i, n in enumerate(lengths):
+        if n < 0:
+            raise ValueError(f"seq_lens: entry {i} must be >= 0, got {n}")
+    if sum(lengths) != T:
+        raise ValueError(f"seq_lens: the lengths sum to {sum(lengths)}, but there are T = {T} tokens")
+    return tuple(lengths)
+
+
+def check_cu_seqlens_host(values: Any, n_seq: int, T: int) -> Tuple[int, ...]:
+    """A host copy of cu_seqlens (`cu_seqlens_cpu=`, FLA's name): a list, tuple, numpy array or
+    CPU torch tensor of n_seq + 1 ints, starting at 0, non-decreasing, ending at T. Returns the
+    sequence lengths."""
+    name = "cu_seqlens_cpu"
+    cu = int_entries(_host_entries(values, name), name)
+    if len(cu) != n_seq + 1:
+        raise ValueError(f"{name}: expected {n_seq + 1} entries like cu_seqlens, got {len(cu)}")
+    check_cu_seqlens_values(cu, T, name)
+    return tuple(b - a for a, b in zip(cu[:-1], cu[1:]))
+
+
+_KDL_HOST = (1, 3)  # DLPack device types of host memory: kDLCPU, kDLCUDAHost (pinned)
+
+
+def _host_entries(values: Any, name: str) -> list:
+    """The entries of a 1-D host sequence as a list, without importing any framework: a device
+    array is refused (reading it would be a hidden device-to-host sync), a string is not a
+    sequence of lengths, and arrays are read through tolist() (one call instead of a Python-level
+    walk over 0-d elements)."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{name}: expected a list, tuple or 1-D host array of ints, "
+                        f"got {type(values).__name__}")
+    if hasattr(values, "__dlpack_device__"):
+        device_type = int(values.__dlpack_device__()[0])
+        if device_type not in _KDL_HOST:
+            raise TypeError(f"{name}: must be in host memory (a list, tuple, numpy array or CPU "
+                            f"tensor), got an array on DLPack device type {device_type}")
+    ndim = getattr(values, "ndim", 1)
+    if ndim != 1:
+        raise ValueError(f"{name}: expected a 1-D sequence, got {ndim} dimensions")
+    return values.tolist() if hasattr(values, "tolist") else list(values)
 
 
 def int_entries(values: Iterable, name: str, error: type = TypeError) -> list:

@@ -7,13 +7,13 @@ import subprocess
 import pytest
 
 import kda_aot
-from kda_aot import loader
+from kda_aot import identity, loader
 
 
 def test_library_matches_manifest():
     lib = loader.get_library()
     manifest = lib.manifest
-    assert manifest["format"] == 1
+    assert manifest["format"] == identity.MANIFEST_FORMAT
     assert manifest["arch"] == "sm_90a"
     assert manifest["dsl_version"] == "4.8.1"
     assert manifest["package_version"] == kda_aot.__version__

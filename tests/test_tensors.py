@@ -30,3 +30,72 @@ def test_descriptions_are_hashable_and_ignore_the_owner():
 def test_non_tensor_is_refused_by_name():
     with pytest.raises(TypeError, match="^q: expected a DLPack tensor"):
         describe([1, 2], "q")
+
+
+# --------------------------------------------------------------------------------------------
+# Producers that speak DLPack but are not torch tensors (the general intake path)
+
+class Producer:
+    """The smallest DLPack producer: forwards to a wrapped array (numpy, torch), so intake takes
+    the general StridedMemoryView path whatever the wrapped array is."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, **kwargs):
+        return self.array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+def test_read_only_producer_is_described_read_only():
+    np = pytest.importorskip("numpy")
+    a = np.zeros((2, 3), dtype=np.float32)
+    assert describe(Producer(a), "out").readonly is False
+    a.flags.writeable = False  # numpy exports it with DLPACK_FLAG_BITMASK_READ_ONLY
+    d = describe(Producer(a), "out")
+    assert d.readonly is True and d.dtype == "float32" and d.shape == (2, 3)
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64",
+                                   "complex64", "complex128"])
+@pytest.mark.parametrize("path", ["torch", "dlpack"])
+def test_unknown_dtype_is_refused_by_name(dtype, path):
+    t = torch.zeros(3, dtype=getattr(torch, dtype))
+    obj = t if path == "torch" else Producer(t)
+    with pytest.raises(TypeError, match=f"^k: .*dtype.*not supported"):
+        describe(obj, "k")
+
+
+def test_numpy_unknown_dtype_is_refused_by_name():
+    np = pytest.importorskip("numpy")
+    with pytest.raises(TypeError, match="^beta: dtype uint16 is not supported"):
+        describe(Producer(np.zeros(3, dtype=np.uint16)), "beta")
+
+
+def test_itemsize_is_total():
+    from kda_aot import dtypes
+
+    sizes = {"bfloat16": 2, "float32": 4, "int64": 8, "bool": 1, "float8_e4m3fn": 1, "uint16": 2,
+             "uint32": 4, "complex64": 8, "complex128": 16, "float4_e2m1fn": 1, "": 1, "?": 1}
+    for name, size in sizes.items():
+        assert dtypes.itemsize(name) == size, name
+        d = TensorDesc(name="x", ptr=0, shape=(3,), strides=(1,), dtype=name, device="cuda", device_id=0)
+        assert d.nbytes == 3 * size
+    assert dtypes.itemsize(None) == 1 and dtypes.itemsize(torch.float32) == 1
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: torch._neg_view(torch.randn(4)), r"^q: a torch negative view.*\.resolve_neg\(\)"),
+    (lambda: torch.randn(4, dtype=torch.complex64).conj(), r"^q: a torch conjugate view.*\.resolve_conj\(\)"),
+])
+def test_lazy_neg_and_conj_views_are_refused(make, match):
+    t = make()
+    with pytest.raises(ValueError, match=match):
+        describe(t, "q")
+
+
+def test_resolved_views_are_described():
+    t = torch._neg_view(torch.randn(4)).resolve_neg()
+    assert describe(t, "q").dtype == "float32"

@@ -15,9 +15,13 @@ import pytest
 
 from kda_aot.tensors import TensorDesc
 from kda_aot.validation import (
+    ALIGNMENT,
     DEFAULT_SCALE,
     Problem,
+    as_float32,
+    check_cu_seqlens_host,
     check_cu_seqlens_values,
+    check_seq_lens,
     parse_cp,
     validate_prefill,
 )
@@ -148,10 +152,12 @@ def test_empty_tensors_skip_alignment_and_aliasing():
     validate_prefill(**args)
 
 
-def test_aligned_small_vectors_accept_4_byte_offsets():
-    args = make_args(cu=3)
-    for name in ("beta", "A_log", "dt_bias", "cu_seqlens"):
-        args = replace(args, name, ptr=args[name].ptr + 4)
+@pytest.mark.parametrize("cu_dtype,cu_offset", [("int32", 4), ("int64", 8)])
+def test_small_vectors_accept_offsets_of_their_alignment(cu_dtype, cu_offset):
+    # beta is read in bf16 pairs (2 bytes), A_log per float, cu_seqlens per entry.
+    args = make_args(cu=3, cu_dtype=cu_dtype)
+    for name, offset in (("beta", 2), ("A_log", 4), ("cu_seqlens", cu_offset)):
+        args = replace(args, name, ptr=args[name].ptr + offset)
     validate_prefill(**args)
 
 
@@ -184,6 +190,26 @@ def test_other_device(name):
         validate_prefill(**args)
 
 
+@pytest.mark.parametrize("name", ["out", "final_state"])
+def test_read_only_output_is_refused(name):
+    args = replace(full_args(), name, readonly=True)
+    with pytest.raises(ValueError, match=f"^{name}: the producer marked this tensor read-only"):
+        validate_prefill(**args)
+
+
+@pytest.mark.parametrize("name", ["q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state",
+                                  "cu_seqlens"])
+def test_read_only_input_is_fine(name):
+    validate_prefill(**replace(full_args(), name, readonly=True))
+
+
+def test_read_only_is_part_of_the_description():
+    # Two views of the same memory, one read-only: not the same argument (cached validation
+    # keyed by descriptions must not confuse them).
+    d = full_args()["out"]
+    assert d != dataclasses.replace(d, readonly=True)
+
+
 def test_real_cpu_torch_tensor_is_rejected():
     torch = pytest.importorskip("torch")
     from kda_aot.tensors import describe
@@ -209,6 +235,15 @@ BAD_DTYPES = [
 
 @pytest.mark.parametrize("name,dtype", BAD_DTYPES)
 def test_bad_dtype(name, dtype):
+    args = replace(full_args(), name, dtype=dtype)
+    with pytest.raises(TypeError, match=f"^{name}: expected dtype .*got {dtype}"):
+        validate_prefill(**args)
+
+
+@pytest.mark.parametrize("name", ALL_TENSORS)
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64",
+                                   "complex64", "complex128", "float4_e2m1fn", "bool", "int8"])
+def test_unknown_dtype_is_a_type_error(name, dtype):
     args = replace(full_args(), name, dtype=dtype)
     with pytest.raises(TypeError, match=f"^{name}: expected dtype .*got {dtype}"):
         validate_prefill(**args)
@@ -352,21 +387,32 @@ def test_not_contiguous(name):
         validate_prefill(**args)
 
 
-@pytest.mark.parametrize("name", ["q", "k", "v", "g", "out", "initial_state", "final_state"])
+@pytest.mark.parametrize("name", ["q", "k", "v", "g", "out", "initial_state", "final_state", "dt_bias"])
 @pytest.mark.parametrize("offset", [2, 4, 8])
 def test_misaligned_16(name, offset):
     args = full_args()
     args = replace(args, name, ptr=args[name].ptr + offset)
-    with pytest.raises(ValueError, match=f"^{name}: data pointer .* not 16-byte aligned.*bulk"):
+    with pytest.raises(ValueError, match=f"^{name}: data pointer .* not 16-byte aligned.*16-byte"):
         validate_prefill(**args)
 
 
-@pytest.mark.parametrize("name", ["beta", "A_log", "dt_bias", "cu_seqlens"])
-@pytest.mark.parametrize("offset", [1, 2])
-def test_misaligned_4(name, offset):
-    args = full_args()
+@pytest.mark.parametrize("name,dtype,align,offset", [
+    ("beta", "bfloat16", 2, 1), ("A_log", "float32", 4, 2), ("cu_seqlens", "int32", 4, 2),
+    ("cu_seqlens", "int64", 8, 4), ("cu_seqlens", "int64", 8, 1)])
+def test_misaligned_small(name, dtype, align, offset):
+    args = replace(full_args(), "cu_seqlens", dtype=dtype) if name == "cu_seqlens" else full_args()
     args = replace(args, name, ptr=args[name].ptr + offset)
-    with pytest.raises(ValueError, match=f"^{name}: data pointer .* not 4-byte aligned"):
+    with pytest.raises(ValueError, match=f"^{name}: data pointer .* not {align}-byte aligned"):
+        validate_prefill(**args)
+
+
+def test_alignment_table_is_a_parameter():
+    # A manifest may declare other alignments; the wall checks the table it is given.
+    args = full_args()
+    args = replace(args, "q", ptr=args["q"].ptr + 8)
+    table = {**ALIGNMENT, "q": {"bfloat16": 8}}
+    validate_prefill(**args, alignment=table)
+    with pytest.raises(ValueError, match="^q: data pointer .* not 16-byte aligned"):
         validate_prefill(**args)
 
 
@@ -389,6 +435,36 @@ def test_lower_bound_not_a_number(lb):
 def test_scale_bad_value(scale):
     with pytest.raises(ValueError, match="^scale: expected a finite positive float"):
         validate_prefill(**{**make_args(), "scale": scale})
+
+
+@pytest.mark.parametrize("scale", [1e39, 3.5e38, 1e-50, 1e-40, 2.0 ** -127, pytest.param(10 ** 400, id="int-1e400")])
+def test_scale_not_a_float32_normal(scale):
+    # 1e39 and 3.5e38 round to inf in float32, 1e-50 to 0, 1e-40 and 2**-127 are subnormal.
+    with pytest.raises(ValueError, match="^scale: expected a finite positive float that is a normal float32"):
+        validate_prefill(**{**make_args(), "scale": scale})
+
+
+@pytest.mark.parametrize("scale", [3.4e38, 2.0 ** -126, 1e-37, 1e30])
+def test_scale_float32_normal_extremes_pass(scale):
+    assert validate_prefill(**{**make_args(), "scale": scale}).scale == scale
+
+
+@pytest.mark.parametrize("lb", [-1e-50, -1e-40, -(2.0 ** -127), pytest.param(-(10 ** 400), id="int-minus-1e400")])
+def test_lower_bound_not_a_float32_normal(lb):
+    with pytest.raises(ValueError, match="^lower_bound: expected a finite value in"):
+        validate_prefill(**{**make_args(), "lower_bound": lb})
+
+
+def test_as_float32_matches_numpy():
+    np = pytest.importorskip("numpy")
+    import warnings
+
+    values = [0.1, 1e39, -1e39, 3.4028235e38, 3.40282356e38, 3.4028236e38, 1e-50, 1e-40,
+              2.0 ** -126, 2.0 ** -149, 2.0 ** -150, 1.0 + 2.0 ** -24, math.inf, -0.0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # numpy warns on overflow to inf
+        for x in values:
+            assert as_float32(x) == float(np.float32(x)), x
 
 
 @pytest.mark.parametrize("scale", ["0.1", True, (0.1,)])
@@ -561,3 +637,80 @@ def test_validation_module_imports_no_framework():
             "('torch', 'cuda', 'numpy', 'cupy', 'jax')); "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd="/")
+
+
+# --------------------------------------------------------------------------------------------
+# Host lengths: seq_lens= and cu_seqlens_cpu=
+
+@pytest.mark.parametrize("seq_lens,n_seq,T", [([64], 1, 64), ((0, 32, 32), 3, 64), ([0, 0], 2, 0)])
+def test_seq_lens_valid(seq_lens, n_seq, T):
+    got = check_seq_lens(seq_lens, n_seq, T)
+    assert got == tuple(seq_lens) and all(type(x) is int for x in got)
+
+
+def test_seq_lens_numpy_and_torch():
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    assert check_seq_lens(np.array([3, 5], dtype=np.int32), 2, 8) == (3, 5)
+    assert check_seq_lens(torch.tensor([3, 5]), 2, 8) == (3, 5)
+    assert check_seq_lens([np.int64(3), 5], 2, 8) == (3, 5)
+
+
+@pytest.mark.parametrize("seq_lens,exc,match", [
+    ([32, 32.0], TypeError, "entry 1 must be an int"),
+    ([True, 63], TypeError, "entry 0 is a bool"),
+    ([32, "32"], TypeError, "entry 1 must be an int"),
+    ("64", TypeError, "expected a list"),
+    (64, TypeError, "expected a list"),
+    ([64, 0], ValueError, "expected 1 lengths"),
+    ([], ValueError, "expected 1 lengths"),
+    ([-1], ValueError, "entry 0 must be >= 0"),
+    ([63], ValueError, "sum to 63, but there are T = 64"),
+])
+def test_seq_lens_invalid(seq_lens, exc, match):
+    with pytest.raises(exc, match=f"^seq_lens: .*{match}"):
+        check_seq_lens(seq_lens, 1, 64)
+
+
+def test_seq_lens_numpy_floats_refused():
+    np = pytest.importorskip("numpy")
+    with pytest.raises(TypeError, match="^seq_lens: entry 0 must be an int"):
+        check_seq_lens(np.array([64.0]), 1, 64)
+    with pytest.raises(ValueError, match="^seq_lens: expected a 1-D sequence"):
+        check_seq_lens(np.array([[64]]), 1, 64)
+
+
+def test_cu_seqlens_host_valid():
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    for values in ([0, 3, 3, 8], (0, 3, 3, 8), np.array([0, 3, 3, 8], dtype=np.int64),
+                   torch.tensor([0, 3, 3, 8], dtype=torch.int32)):
+        got = check_cu_seqlens_host(values, 3, 8)
+        assert got == (3, 0, 5) and all(type(x) is int for x in got)
+
+
+@pytest.mark.parametrize("values,exc,match", [
+    ([0, 3.0, 8], TypeError, "entry 1 must be an int"),
+    ([0, True, 8], TypeError, "entry 1 is a bool"),
+    ("038", TypeError, "expected a list"),
+    ([0, 8], ValueError, "expected 3 entries"),
+    ([0, 3, 5, 8], ValueError, "expected 3 entries"),
+    ([1, 3, 8], ValueError, "entry 0 must be 0"),
+    ([0, 5, 3], ValueError, "entry 2 = 3 < entry 1 = 5"),
+    ([0, 3, 9], ValueError, "must equal the total token count T = 8"),
+])
+def test_cu_seqlens_host_invalid(values, exc, match):
+    with pytest.raises(exc, match=f"^cu_seqlens_cpu: .*{match}"):
+        check_cu_seqlens_host(values, 2, 8)
+
+
+def test_cu_seqlens_host_refuses_device_arrays():
+    class OnDevice:  # a DLPack producer in CUDA memory (kDLCUDA == 2)
+        def __iter__(self):
+            raise AssertionError("must not be read")
+
+        def __dlpack_device__(self):
+            return (2, 0)
+
+    with pytest.raises(TypeError, match="^cu_seqlens_cpu: must be in host memory"):
+        check_cu_seqlens_host(OnDevice(), 1, 8)
