@@ -2,11 +2,11 @@
 --write` from build_kernels/registry.py; do not edit. kda_aot/identity.py refuses a library
 whose manifest declares other kernels."""
 
-ABI_HASH = "f3987fa55402ae3c8024f007ad49c8d4c82cdd14f26992cfb393cceeabf26257"
+ABI_HASH = "9b573a5e36c5183199fc52759d8da54e2f89111f4bc99e41a7971445d3888836"
 
 SIGNATURES = (
-    'seq_tables_int32(cu_seqlens:ptr:int32:4, seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, n_seq:i32, stream:stream) {}',
-    'seq_tables_int64(cu_seqlens:ptr:int64:8, seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, n_seq:i32, stream:stream) {}',
+    'seq_tables_int32(cu_seqlens:ptr:int32:4, seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, n_seq:i32, t_total:i32, stream:stream) {}',
+    'seq_tables_int64(cu_seqlens:ptr:int64:8, seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, n_seq:i32, t_total:i32, stream:stream) {}',
     'seq_tables_dense(seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, n_seq:i32, seq_len:i32, stream:stream) {}',
     'k1_prepare(q:ptr:bfloat16:16, k:ptr:bfloat16:16, g:ptr:bfloat16:16, beta:ptr:bfloat16:2, a_log:ptr:float32:4, dt_bias:ptr:float32:16, seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, ws_qd:ptr:uint8:16, ws_kd:ptr:uint8:16, ws_kr:ptr:uint8:16, ws_gt:ptr:float32:16, ws_inv:ptr:bfloat16:16, ws_mqk:ptr:bfloat16:16, ws_bsig:ptr:bfloat16:16, t_total:i32, n_seq:i32, n_heads:i32, cap:i32, scale:f32, gate_c:f32, stream:stream) {}',
     'k2_nostate_vb128(v:ptr:bfloat16:16, out:ptr:bfloat16:16, ws_qd:ptr:uint8:16, ws_kd:ptr:uint8:16, ws_kr:ptr:uint8:16, ws_gt:ptr:float32:16, ws_inv:ptr:bfloat16:16, ws_mqk:ptr:bfloat16:16, ws_bsig:ptr:bfloat16:16, seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, initial_state:ptr:bfloat16:16, final_state:ptr:bfloat16:16, t_total:i32, n_seq:i32, n_heads:i32, cap:i32, stream:stream) {"has_final":false,"has_initial":false,"state_fp32":false,"value_block":128}',
@@ -45,4 +45,7 @@ SIGNATURES = (
     'cp_pre_scan_vb128(v:ptr:bfloat16:16, ws_kd:ptr:uint8:16, ws_kr:ptr:uint8:16, ws_gt:ptr:float32:16, ws_inv:ptr:bfloat16:16, ws_bsig:ptr:bfloat16:16, seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, scan_seg:ptr:int32:4, b_seg:ptr:float32:16, m_seg:ptr:float32:16, n_scan:i32, n_heads:i32, cap:i32, stream:stream) {"value_block":128}',
     'cp_pre_scan_vb64(v:ptr:bfloat16:16, ws_kd:ptr:uint8:16, ws_kr:ptr:uint8:16, ws_gt:ptr:float32:16, ws_inv:ptr:bfloat16:16, ws_bsig:ptr:bfloat16:16, seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, scan_seg:ptr:int32:4, b_seg:ptr:float32:16, m_seg:ptr:float32:16, n_scan:i32, n_heads:i32, cap:i32, stream:stream) {"value_block":64}',
     'cp_pre_scan_vb32(v:ptr:bfloat16:16, ws_kd:ptr:uint8:16, ws_kr:ptr:uint8:16, ws_gt:ptr:float32:16, ws_inv:ptr:bfloat16:16, ws_bsig:ptr:bfloat16:16, seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, scan_seg:ptr:int32:4, b_seg:ptr:float32:16, m_seg:ptr:float32:16, n_scan:i32, n_heads:i32, cap:i32, stream:stream) {"value_block":32}',
+    'cp_seg_tables_int32(cu_seqlens:ptr:int32:4, seg_start:ptr:int32:4, seg_prefix:ptr:int32:4, scan_seg:ptr:int32:4, seg_first:ptr:int32:4, seg_count:ptr:int32:4, final_slot:ptr:int32:4, n_seq:i32, t_total:i32, seg_len:i32, max_count:i32, min_tiles:i32, max_segments:i32, stream:stream) {}',
+    'cp_seg_tables_int64(cu_seqlens:ptr:int64:8, seg_start:ptr:int32:4, seg_prefix:ptr:int32:4, scan_seg:ptr:int32:4, seg_first:ptr:int32:4, seg_count:ptr:int32:4, final_slot:ptr:int32:4, n_seq:i32, t_total:i32, seg_len:i32, max_count:i32, min_tiles:i32, max_segments:i32, stream:stream) {}',
+    'cp_seg_tables_dense(seg_start:ptr:int32:4, seg_prefix:ptr:int32:4, scan_seg:ptr:int32:4, seg_first:ptr:int32:4, seg_count:ptr:int32:4, final_slot:ptr:int32:4, n_seq:i32, t_total:i32, seg_len:i32, max_count:i32, min_tiles:i32, max_segments:i32, stream:stream) {}',
 )

@@ -21,7 +21,9 @@ from .call_plan import CallPlan, UnsafePointers
 from .loader import CudaError, KdaError, get_library, library_dir
 from .program import SLOT, pack_inputs
 from .tensors import TensorDesc, describe
-from .validation import (_ALIGNMENT, check_cu_seqlens_values, int_entries, validate_prefill)
+from .stream_check import check_stream_handle, stream_device
+from .validation import (ALIGNMENT, _host_entries, check_cu_seqlens_host, check_cu_seqlens_values, check_seq_lens,
+                         int_entries, validate_prefill)
 from .workspace import ARENA
 
 D = 128
@@ -149,19 +151,9 @@ def _hint_key(seq_lens, cu_seqlens_cpu):
     if seq_lens is not None and cu_seqlens_cpu is not None:
         raise ValueError("seq_lens: pass either seq_lens or cu_seqlens_cpu, not both")
     if seq_lens is not None:
-        return ("lens", _int_tuple(seq_lens, "seq_lens"))
+        return ("lens", _int_tuple(_host_entries(seq_lens, "seq_lens"), "seq_lens"))
     if cu_seqlens_cpu is not None:
-        values = cu_seqlens_cpu
-        if type(values).__module__.startswith("torch"):
-            if values.device.type != "cpu":
-                raise TypeError("cu_seqlens_cpu: expected a host copy of cu_seqlens (a CPU tensor, list or numpy "
-                                f"array), got a tensor on {values.device}; pass device tensors as cu_seqlens")
-            values = values.tolist()
-        elif isinstance(values, np.ndarray):
-            if values.dtype.kind not in "iu":
-                raise TypeError(f"cu_seqlens_cpu: expected integer entries, got dtype {values.dtype}")
-            values = values.tolist()
-        return ("cu", _int_tuple(values, "cu_seqlens_cpu"))
+        return ("cu", _int_tuple(_host_entries(cu_seqlens_cpu, "cu_seqlens_cpu"), "cu_seqlens_cpu"))
     return None
 
 
@@ -182,22 +174,7 @@ def _hint_lengths(hint, N: int, T: int) -> Optional[Tuple[int, ...]]:
     if hint is None:
         return None
     kind, values = hint
-    if kind == "lens":
-        if len(values) != N:
-            raise ValueError(f"seq_lens: expected {N} lengths (one per sequence), got {len(values)}")
-        for i, x in enumerate(values):
-            if x < 0:
-                raise ValueError(f"seq_lens: entry {i} must be >= 0, got {x}")
-        if sum(values) != T:
-            raise ValueError(f"seq_lens: the lengths add up to {sum(values)}, but q has T = {T} tokens")
-        return values
-    if len(values) != N + 1:
-        raise ValueError(f"cu_seqlens_cpu: expected {N + 1} entries like cu_seqlens, got {len(values)}")
-    try:
-        check_cu_seqlens_values(values, T)
-    except ValueError as exc:
-        raise ValueError(str(exc).replace("cu_seqlens:", "cu_seqlens_cpu:", 1)) from None
-    return tuple(b - a for a, b in zip(values[:-1], values[1:]))
+    return check_seq_lens(values, N, T) if kind == "lens" else check_cu_seqlens_host(values, N, T)
 
 
 def _read_back_hint(tensors, hint, stream):
@@ -263,9 +240,7 @@ def _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_s
     sms = streams.sm_count(problem.device_id) if problem.N and problem.H else 1
     given = {name: d is not None for name, d in t.items()}
     nbytes = {name: (d.nbytes if d is not None else 0) for name, d in t.items()}
-    alignment = dict(_ALIGNMENT)
-    if problem.cu_dtype == "int64":
-        alignment["cu_seqlens"] = 8
+    alignment = {name: ALIGNMENT[name][d.dtype] for name, d in t.items() if d is not None and name in ALIGNMENT}
     plan = call_plan.build(lib, problem, lengths=lengths, sm_count=sms, value_split=value_split, given=given,
                            nbytes=dict(nbytes, workspace=0), alignment=alignment)
     _check_workspace(t["workspace"], plan, problem)
@@ -300,7 +275,18 @@ def _remember(key, plan: CallPlan) -> None:
 def _stream(torch, stream, device_id: int) -> int:
     if stream is None and torch is not None:
         return torch._C._cuda_getCurrentRawStream(device_id)  # 0.3 us; torch.cuda.current_stream() is 4
-    return streams.stream_handle(stream, device_id)
+    handle = streams.stream_handle(stream, device_id)
+    if (handle, device_id) not in _KNOWN_STREAMS:
+        # A raw handle would reach the launch unchecked: ask the driver once per (handle, device).
+        # A handle destroyed and reused by a new stream keeps its entry: it is then valid again.
+        check_stream_handle(handle, device_id, stream_device)
+        if len(_KNOWN_STREAMS) >= 1024:
+            _KNOWN_STREAMS.clear()
+        _KNOWN_STREAMS.add((handle, device_id))
+    return handle
+
+
+_KNOWN_STREAMS: set = set()
 
 
 def _allocate(torch, q, plan: CallPlan, out, final_state, workspace, handle: int, stream):

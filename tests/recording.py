@@ -37,6 +37,8 @@ class Recorder:
         monkeypatch.setattr(type(self.lib), "ensure_loaded", lambda lib, names: None)
         monkeypatch.setattr(type(self.lib), "run", self._run)
         monkeypatch.setattr(streams, "sm_count", lambda device_id: sm_count)
+        monkeypatch.setattr(api, "stream_device", lambda handle: 0)  # every handle is a stream of cuda:0
+        monkeypatch.setattr(api, "_KNOWN_STREAMS", set())
         api.empty_cache()
         self._by_index = {k.index: k for k in self.lib.kernels.values()}
 

@@ -151,8 +151,9 @@ def test_changed_constant_is_another_abi():
 
 
 def test_missing_kernel_is_another_abi():
+    n = len(all_variants())
     m = manifest_for(variants=all_variants()[:-1])
-    with pytest.raises(identity.LibraryMismatchError, match="the library has 39 kernels, this package expects 40"):
+    with pytest.raises(identity.LibraryMismatchError, match=f"the library has {n - 1} kernels, this package expects {n}"):
         check(m)
 
 
