@@ -216,3 +216,22 @@ def test_current_device_is_unchanged():
     before = torch.cuda.current_device()
     _call(x)
     assert torch.cuda.current_device() == before
+
+
+def test_bogus_stream_raises_instead_of_faulting():
+    """A garbage handle is refused naming `stream`, in a subprocess so a fault cannot take the
+    test process down with it."""
+    import subprocess
+    import sys
+
+    code = ("import torch, kda_aot\n"
+            "from kda_aot import reference\n"
+            "x = reference.make_inputs([64], 1, seed=0, device='cuda')\n"
+            "try:\n"
+            "    kda_aot.prefill(x['q'], x['k'], x['v'], x['g'], x['beta'], A_log=x['A_log'], dt_bias=x['dt_bias'],\n"
+            "                    cu_seqlens=x['cu_seqlens'], stream=0xdeadbeef)\n"
+            "except ValueError as exc:\n"
+            "    print('refused:', exc)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "refused: stream:" in out.stdout, out.stdout
