@@ -146,7 +146,9 @@ def test_device_plan_worked_examples(H, lens, counts, tiles):
     params = device_plan(sum(lens), len(lens), H, 132, "auto")
     assert params is not None
     seg_len, max_count, min_tiles, S = params
-    assert S == 132 // H and (max_count, min_tiles) == (I32_MAX, 32)
+    bound = -(-sum(lens) // 16) + len(lens) - 1
+    assert S == min(132 // H, -(-bound // seg_len) + len(lens) - 1) and (max_count, min_tiles) == (I32_MAX, 32)
+    assert sum(counts) <= S
     seg_start, seg_prefix, scan, first, count, final = device_segment_tables(_cu(lens), sum(lens), *params)
     assert count == counts
     used = sum(counts)

@@ -7,17 +7,18 @@ import copy
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
-from build_kernels import abi
-from build_kernels.registry import all_variants
-from kda_aot import identity, loader
-from kda_aot.abi_hash import abi_hash
-from kda_aot.validation import ALIGNMENT
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # build_kernels lives only in the source tree
+from build_kernels import abi  # noqa: E402
+from build_kernels.registry import all_variants  # noqa: E402
+from kda_aot import identity, loader  # noqa: E402
+from kda_aot.abi_hash import abi_hash  # noqa: E402
+from kda_aot.validation import ALIGNMENT  # noqa: E402
 REVISION = "0123456789ab"
 
 
