@@ -1,0 +1,81 @@
+"""Where the host time of one small eager call goes, piece by piece (device diagnostic).
+
+    python3 ci/host_breakdown.py
+
+Times, per call, the intake (signature, pointers, plan lookup, pointer checks), one torch
+allocation, the native launch of the whole program, and whole calls, each in batches queued
+behind a sleep kernel so that nothing waits for the GPU. Needs torch and a Hopper GPU.
+"""
+
+import statistics
+import time
+
+import torch
+
+import kda_aot
+from kda_aot import api, bench
+from kda_aot.program import pack_inputs
+
+
+def per_call(fn, calls=100, repeats=7, gpu=True):
+    fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        if gpu:
+            torch.cuda._sleep(int(5e8))
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def main():
+    x, cu, out, final = bench.make_case(1, [16])
+    ws = torch.empty(kda_aot.workspace_size(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"],
+                                            dt_bias=x["dt_bias"], initial_state=x["initial_state"],
+                                            output_final_state=True, cu_seqlens=cu), dtype=torch.uint8, device="cuda")
+    args = dict(A_log=x["A_log"], dt_bias=x["dt_bias"], initial_state=x["initial_state"], output_final_state=True,
+                cu_seqlens=cu)
+
+    def given():
+        return kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], out=out, final_state=final, workspace=ws,
+                               **args)
+
+    def alloc():
+        return kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], **args)
+
+    def dense_alloc():
+        return kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"])
+
+    given()
+    tensors = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["A_log"], x["dt_bias"], x["initial_state"], cu, out,
+               final, ws)
+    plan = next(iter(api._PLANS.values()))
+    ptrs = [t.data_ptr() for t in tensors] + [torch._C._cuda_getCurrentRawStream(0)]
+    packed = pack_inputs(ptrs)
+    sig = api._torch_signature(tensors)
+    key = (sig, (float, -5.0, type(None), None, True, str, "auto", None, None))
+    rows = [
+        ("_torch_of (isinstance x12)", per_call(lambda: api._torch_of(tensors), gpu=False)),
+        ("_torch_signature (12 tensors)", per_call(lambda: api._torch_signature(tensors), gpu=False)),
+        ("data_ptr x12", per_call(lambda: [0 if t is None else t.data_ptr() for t in tensors], gpu=False)),
+        ("plan lookup (hash key)", per_call(lambda: api._PLANS.get(key), gpu=False)),
+        ("check_pointers", per_call(lambda: plan.check_pointers(ptrs), gpu=False)),
+        ("raw current stream", per_call(lambda: torch._C._cuda_getCurrentRawStream(0), gpu=False)),
+        ("q.new_empty(out shape)", per_call(lambda: x["q"].new_empty(plan.out_shape), gpu=False)),
+        ("pack_inputs", per_call(lambda: pack_inputs(ptrs), gpu=False)),
+        (f"program.run ({len(plan.launch.program.names)} launches, one native call)",
+         per_call(lambda: plan.launch.program.run(packed))),
+        ("prefill, varlen, all buffers given", per_call(given)),
+        ("prefill, varlen, outputs + workspace allocated", per_call(alloc)),
+        ("prefill, dense, no state, allocated", per_call(dense_alloc)),
+    ]
+    for name, us in rows:
+        print(f"| {name} | {us:.2f} us |")
+
+
+if __name__ == "__main__":
+    main()
