@@ -12,6 +12,9 @@ the one the wall would have raised first (docs/call_path.md).
 from __future__ import annotations
 
 import dataclasses
+import functools
+from functools import reduce
+from operator import itemgetter, or_
 from typing import Optional, Sequence, Tuple
 
 from . import cp_plan, launcher
@@ -48,20 +51,39 @@ class CallPlan:
         return self.launch.workspace_bytes
 
     def check_pointers(self, ptrs: Sequence[int]) -> None:
-        for slot, mask in self.align:
-            if ptrs[slot] & mask:
+        """Alignment, then overlaps of the caller-given outputs and workspace with everything else;
+        plain integer arithmetic in a few C-level passes (a per-pointer Python loop costs several
+        microseconds per call on a serving host)."""
+        for getter, mask in self._align_groups:
+            if reduce(or_, getter(ptrs)) & mask:
                 raise UnsafePointers
-        written = self.written
-        if written:
-            spans = [(ptrs[s], ptrs[s] + n) for s, n in written]
-            for i, (a0, a1) in enumerate(spans):
-                for s, n in self.read:
-                    b0 = ptrs[s]
-                    if a0 < b0 + n and b0 < a1:
-                        raise UnsafePointers
-                for b0, b1 in spans[i + 1:]:
-                    if a0 < b1 and b0 < a1:
-                        raise UnsafePointers
+        if self.written:
+            # Sweep the spans in address order: a span overlaps an earlier one iff it starts before
+            # the largest end seen so far. Inputs may overlap each other (q may be k); a written
+            # span may overlap nothing, and nothing may start inside a written span.
+            spans = sorted([(ptrs[s], n, True) for s, n in self.written] + [(ptrs[s], n, False) for s, n in self.read])
+            end_any = end_written = 0
+            for start, n, written in spans:
+                if start < (end_any if written else end_written):
+                    raise UnsafePointers
+                end = start + n
+                if end > end_any:
+                    end_any = end
+                if written and end > end_written:
+                    end_written = end
+
+    @functools.cached_property
+    def _align_groups(self):
+        """(itemgetter over the slots, mask) per alignment; a one-slot getter returns an int, so
+        every getter returns a tuple for reduce."""
+        groups: dict = {}
+        for slot, mask in self.align:
+            groups.setdefault(mask, []).append(slot)
+        out = []
+        for mask, slots in groups.items():
+            getter = itemgetter(*slots) if len(slots) > 1 else (lambda p, s=slots[0]: (p[s],))
+            out.append((getter, mask))
+        return tuple(out)
 
 
 def segmentation(problem: Problem, lengths: Optional[Tuple[int, ...]], sm_count: int) -> Optional[Segmentation]:

@@ -57,6 +57,11 @@ def stream_device(handle: int) -> int:
     """
     from cuda.bindings import driver
 
+    if not _mapped(handle):
+        # The driver dereferences a stream handle without checking it: a garbage pointer such as
+        # 0xdeadbeef faults inside cuStreamGetDevice (seen on the H200). An address that is not
+        # mapped in this process cannot be a stream; a mapped non-stream can still fault there.
+        raise RuntimeError("not an address in this process (a CUstream points to driver memory)")
     stream = driver.CUstream(handle)
     get_device = getattr(driver, "cuStreamGetDevice", None)
     if get_device is not None:
@@ -83,3 +88,37 @@ def stream_device(handle: int) -> int:
 def _raise_for(driver, err, what: str) -> None:
     if err != driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"{what} failed: {err.name if hasattr(err, 'name') else err}")
+
+
+def _mapped(address: int, nbytes: int = 64) -> bool:
+    """Whether [address, address + nbytes) lies in mapped pages of this process (Linux mincore,
+    which fails with ENOMEM on an unmapped page and reads nothing)."""
+    import ctypes
+    import mmap
+
+    libc = _libc()
+    if libc is None:
+        return True  # cannot tell: leave it to the driver
+    page = mmap.PAGESIZE
+    start = address - address % page
+    length = address + nbytes - start
+    vec = (ctypes.c_ubyte * (-(-length // page)))()
+    return libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(length), vec) == 0
+
+
+_LIBC = []
+
+
+def _libc():
+    if not _LIBC:
+        import ctypes
+        import ctypes.util
+
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+            libc.mincore.restype = ctypes.c_int
+        except (OSError, AttributeError):
+            libc = None
+        _LIBC.append(libc)
+    return _LIBC[0]

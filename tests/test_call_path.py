@@ -202,3 +202,32 @@ def test_serial_shapes_stay_serial_without_hints(rec):
     x = problem_args(lens=[1024] * 8, H=64)
     call(x, workspace=_ws(x))
     assert _names(rec.last)[0] == "seq_tables_int32"
+
+
+def test_pointer_sweep_matches_pairwise_overlap():
+    """check_pointers' address-order sweep against the plain pairwise rule, on random layouts."""
+    import random
+
+    from kda_aot.call_plan import CallPlan, UnsafePointers
+
+    rng = random.Random(5)
+    for _ in range(3000):
+        n_read, n_written = rng.randint(1, 9), rng.randint(1, 3)
+        read = tuple((i, rng.randint(1, 64)) for i in range(n_read))
+        written = tuple((9 + i, rng.randint(1, 64)) for i in range(n_written))
+        ptrs = [rng.randrange(0, 400, 4) for _ in range(13)]
+        plan = CallPlan(problem=None, launch=None, out_shape=(), final_shape=None, final_dtype=None,
+                        alloc_final=False, align=((0, 3), (9, 3)), written=written, read=read,
+                        workspace_given=False)
+
+        def hits(a, b):
+            return ptrs[a[0]] < ptrs[b[0]] + b[1] and ptrs[b[0]] < ptrs[a[0]] + a[1]
+
+        want = any(hits(w, r) for w in written for r in read) or any(
+            hits(a, b) for i, a in enumerate(written) for b in written[i + 1:])
+        try:
+            plan.check_pointers(ptrs)
+            got = False
+        except UnsafePointers:
+            got = True
+        assert got == want, (ptrs, read, written)
