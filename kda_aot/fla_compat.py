@@ -71,6 +71,8 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         raise NotImplementedError(f"{', '.join(sorted(kwargs))}: not an option kda_aot's chunk_kda supports")
     if lower_bound is None:
         raise ValueError("`lower_bound` must be specified when `safe_gate=True` and `use_gate_in_kernel=True`.")
+    if not -5 <= lower_bound < 0:
+        raise ValueError(f"`lower_bound` must be in the safe range [-5, 0), got {lower_bound}.")
     _check_tensors(q, k, v, g, beta, initial_state)
     if max_num_seqs is not None and cu_seqlens is not None and max_num_seqs != cu_seqlens.shape[0] - 1:
         raise ValueError(f"max_num_seqs: cu_seqlens holds {cu_seqlens.shape[0] - 1} sequences, "
