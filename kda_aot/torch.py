@@ -9,17 +9,17 @@ one opaque node (no graph break, no tracing into ctypes), its fake implementatio
 without running anything, and functionalization knows exactly which arguments are written.
 
 Two ops, because an operator cannot return None and an operator that writes into arguments cannot
-also return them (docs/torch.md):
+also return them (docs/torch.md has the full schemas):
 
-    kda_aot::prefill(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor A_log,
-        Tensor dt_bias, float lower_bound=-5., float? scale=None, Tensor? initial_state=None,
-        bool output_final_state=False, Tensor? cu_seqlens=None, Tensor? cu_seqlens_cpu=None,
-        SymInt[]? seq_lens=None, str cp="auto") -> (Tensor, Tensor)
+    kda_aot::prefill(q, k, v, g, beta, A_log, dt_bias, float lower_bound=-5., float? scale=None,
+        Tensor? initial_state=None, bool output_final_state=False, Tensor? cu_seqlens=None,
+        Tensor? cu_seqlens_cpu=None, SymInt[]? seq_lens=None, str cp="auto") -> (Tensor, Tensor)
       returns (o, final_state); final_state is a 0-element tensor (state dtype) when
       output_final_state is False. `prefill` below turns that into None.
 
-    kda_aot::prefill_out(Tensor q, ..., Tensor dt_bias, Tensor(a!) out, Tensor(b!)? final_state=None,
-        Tensor(c!)? workspace=None, float lower_bound=-5., ..., str cp="auto") -> ()
+    kda_aot::prefill_out(q, k, v, g, beta, A_log, dt_bias, Tensor(a!) out, Tensor(b!)? final_state=None,
+        Tensor(c!)? workspace=None, lower_bound, scale, initial_state, cu_seqlens, cu_seqlens_cpu,
+        seq_lens, cp) -> ()
       writes o into `out` and, when given, the final state into `final_state`; `workspace` is
       scratch the kernels write.
 

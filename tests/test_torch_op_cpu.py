@@ -261,6 +261,17 @@ def test_forward_with_grad_inputs_works_backward_raises(stand_in):
         o.float().sum().backward()
 
 
+def test_op_and_chunk_kda_under_inference_mode(stand_in):
+    """Serving engines run under torch.inference_mode()."""
+    x = _inputs([6, 5], state="fp32")
+    with torch.inference_mode():
+        o, fs = kt.prefill(*_args(x), A_log=x["A_log"], dt_bias=x["dt_bias"], initial_state=x["initial_state"],
+                           output_final_state=True, cu_seqlens=x["cu_seqlens"])
+        o2, ht = kt.chunk_kda(*_args(x), initial_state=x["initial_state"].transpose(-1, -2), output_final_state=True,
+                              cu_seqlens=x["cu_seqlens"], A_log=x["A_log"], dt_bias=x["dt_bias"], **FLAGS)
+    assert torch.equal(o, o2) and torch.equal(fs.transpose(-1, -2), ht)
+
+
 def test_real_op_on_cpu_tensors_raises_the_walls_error():
     x = _inputs((1, 8), state=None)
     with pytest.raises(TypeError, match="^q: expected a CUDA device tensor"):

@@ -86,6 +86,14 @@ def test_op_equals_direct_call_bitwise(name, final):
         assert _equal(_via_op(x, output_final_state=final, seq_lens=_lens(x)), want)
 
 
+def test_op_under_inference_mode():
+    x = _inputs([300, 17, 0, 1000], 4, seed=40)
+    want = _direct(x, output_final_state=True)
+    with torch.inference_mode():
+        assert _equal(_via_op(x, output_final_state=True), want)
+        assert _equal(_chunk_kda_k_first(x), (want[0], want[1].transpose(-1, -2)))
+
+
 @pytest.mark.parametrize("name", ["dense-fp32-state", "varlen-bf16-state"])
 def test_out_variant_writes_the_given_buffers(name):
     import kda_aot
