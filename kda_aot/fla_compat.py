@@ -85,9 +85,9 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         # [N, H, K, V] -> the kernels' [N, H, V, K]: .contiguous() copies the transposed view
         initial_state = initial_state.contiguous() if state_v_first else initial_state.transpose(-1, -2).contiguous()
     o, final = _ops.prefill(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
-                       A_log=A_log.contiguous(), dt_bias=dt_bias.contiguous(), lower_bound=float(lower_bound),
-                       scale=scale, initial_state=initial_state, output_final_state=bool(output_final_state),
-                       cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
+                            A_log=A_log.contiguous(), dt_bias=dt_bias.contiguous(), lower_bound=float(lower_bound),
+                            scale=scale, initial_state=initial_state, output_final_state=bool(output_final_state),
+                            cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
     if final is not None and not state_v_first:
         final = final.transpose(-1, -2).contiguous()
     return o, final
