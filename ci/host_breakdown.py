@@ -69,6 +69,7 @@ def main():
         ("pack_inputs", per_call(lambda: pack_inputs(ptrs), gpu=False)),
         (f"program.run ({len(plan.launch.program.names)} launches, one native call)",
          per_call(lambda: plan.launch.program.run(packed))),
+        ("program.run, GPU idle (no sleep kernel queued)", per_call(lambda: plan.launch.program.run(packed), gpu=False)),
         ("prefill, varlen, all buffers given", per_call(given)),
         ("prefill, varlen, outputs + workspace allocated", per_call(alloc)),
         ("prefill, dense, no state, allocated", per_call(dense_alloc)),
