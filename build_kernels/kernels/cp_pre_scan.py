@@ -49,7 +49,8 @@ Shared memory (bytes):
   total       ~106.7 KB (VB=128), ~67.8 KB (64), ~48.3 KB (32) incl. alignment
 
 Pipeline: K2's ring (full[s] count 1, expect_tx = 9248 + m * 2 VB bytes = kd + kr + gt + inv + bsig +
-m v rows; empty[s] count W, each MMA warp arrives once after Q5 of both chains). Every tile the
+m v rows; empty[s] count 32 W, every MMA thread arrives once after Q5 of both chains; a __syncwarp
+between Q1's ldmatrix of S^T / Xb^T and Q5's writes of them, docs/sanitizers.md). Every tile the
 producer issues is consumed, so no copy is in flight at exit.
 """
 
@@ -126,7 +127,7 @@ def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, 
     # sizes by a host-known bound): such a CTA does nothing. The condition is uniform over the
     # CTA, so the ring's barriers (set up inside the branch) serve all of its threads or none.
     if j >= 0:
-        init_ring(warp, full, empty, MMA_WARPS)
+        init_ring(warp, full, empty, 32 * MMA_WARPS)
 
         tok0 = _ldg_s32(start_ptr + Int64(j) * 4)
         tok_end = _ldg_s32(start_ptr + Int64(j + 1) * 4)
@@ -217,6 +218,8 @@ def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, 
                         t = kb % 2
                         acc_u[0] = list(mma_bf16_16816(a_k, (bq[2 * t], bq[2 * t + 1]), acc_u[0]))
                         acc_x[0] = list(mma_bf16_16816(a_k, (bx[2 * t], bx[2 * t + 1]), acc_x[0]))
+                # Q1's ldmatrix read other lanes' S^T / Xb^T words that Q5 overwrites (WAR in the warp)
+                cute.arch.sync_warp()
 
                 # -------- Q2, Q3 per n-block (S-chain exactly as K2; M-chain with v = 0)
                 a_inv = ldsm_x4(sb + OFF_INV + off_sq)
@@ -263,8 +266,7 @@ def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, 
                         sts_b32(m_a0 + 128 * NB, pack_bf16x2(n2, n3))
 
                 cute.arch.sync_warp()
-                with cute.arch.elect_one():
-                    cute.arch.mbarrier_arrive(empty + s)
+                cute.arch.mbarrier_arrive(empty + s)  # every thread releases its own stage reads
 
             # -------- exit: b_seg[j, h, v, k] = f32(S^T[k, v]) (exact), m_seg[j, h, i, k] = X^T[k, i] (fp32,
             # column k swizzled)

@@ -17,10 +17,10 @@ Stages and thread roles (warps w0..w7):
                rows, e = bf(2^G), ebar = bf(2^-G) to smem, gamma to the workspace, bf(gamma) to smem.
      w4-w7:    L2 norm (P1) of q (w4, w5) and k (w6, w7), 4 lanes per row, 4 chunks of 8 per lane;
                q^, k^ stay in registers.
-     -- barrier B1 --
+     -- barrier B1 (one bar.sync, all 256 threads, outside the role branches: docs/sanitizers.md) --
   3. w4-w7:    decayed tiles (P5) written as raw 8x8-core-matrix images (spec 4.8): Qd over the q
                staging buffer, Kd over k, Kr over g, Ki (K1-internal) in its own buffer.
-     -- fence.proxy.async.shared, barrier B2 --
+     -- fence.proxy.async.shared (w4-w7), barrier B2 (one bar.sync, all threads) --
   4. w7:       one elected lane bulk-stores the three 4 KiB images (S2G), commits and waits.
      w0:       L = Kd Ki^T (bf16 mma.sync, fp32 acc) -> fp16, beta row scale, strict-lower mask,
                fp16 Neumann product (fp16-accumulating mma.sync, movmatrix transposes, packed fp16
@@ -179,14 +179,22 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
 
         cute.arch.mbarrier_wait(mbar, 0)
 
+        # Stage 2b/3 lane mapping of w4-w7 (computed by every warp, used by w4-w7 only): lane -> row
+        # 8*(w&1) + lane%8, chunk index j = lane//8 + 4 s (s = 0..3, columns 8j..8j+7). 8 consecutive
+        # lanes are 8 rows of one core matrix, so the 16-byte staging reads (padded rows) and image
+        # writes (raw layout) are conflict free.
+        wn = warp - 4
+        is_k = wn >= 2
+        row = 8 * (wn & 1) + (lane & 7)
+        quad = lane >> 3
+        # bf(x * rsqrt) of stage 2b, 4 words per chunk, kept across B1 for stage 3 (registers: every
+        # index is a compile-time constant).
+        hat = cute.make_rmem_tensor(16, Uint32)
+        # B1 and B2 are each ONE bar.sync that all 256 threads execute outside the role branches: a
+        # CTA barrier reached from two different instructions (one per role) is what synccheck
+        # reports as "Divergent thread(s) in block", although the hardware counts the arrivals alike.
         if warp >= 4:
-            # ---- stage 2b: L2 norm (P1). Lane -> row 8*(w&1) + lane%8, chunk index j = lane//8 + 4 s
-            # (s = 0..3, columns 8j..8j+7). 8 consecutive lanes are 8 rows of one core matrix, so the
-            # 16-byte staging reads (padded rows) and image writes (raw layout) are conflict free.
-            wn = warp - 4
-            is_k = wn >= 2
-            row = 8 * (wn & 1) + (lane & 7)
-            quad = lane >> 3
+            # ---- stage 2b: L2 norm (P1).
             row_valid = row < m
             src = _select(is_k, sKin.iterator.toint(), sQin.iterator.toint(), Int32) + row * (PAD_ROW * 2)
             xs = []
@@ -211,13 +219,29 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
             ssq = fadd_rn(ssq, cute.arch.shuffle_sync_bfly(ssq, offset=16))
             ssq = fadd_rn(ssq, cute.arch.shuffle_sync_bfly(ssq, offset=8))
             inv_norm = rsqrt_approx_ftz(fadd_rn(ssq, Float32(1e-6)))
-            hat = []  # bf(x * rsqrt), 4 words per chunk
             for s in cutlass.range_constexpr(4):
-                hat.append([f32x2_to_bf16x2(fmul_rn(xs[s][2 * t], inv_norm), fmul_rn(xs[s][2 * t + 1], inv_norm))
-                            for t in range(4)])
+                for t in cutlass.range_constexpr(4):
+                    hat[4 * s + t] = f32x2_to_bf16x2(fmul_rn(xs[s][2 * t], inv_norm),
+                                                     fmul_rn(xs[s][2 * t + 1], inv_norm))
+        else:
+            # ---- stage 2a: gate (P2-P4), thread = key channel.
+            A = ex2_approx_ftz(fmul_rn(a_log_h, Float32(LOG2E)))
+            G = Float32(0.0)
+            for r in cutlass.range_constexpr(CHUNK):
+                x = fadd_rn(Float32(sGin[r, chan]), dt)
+                x = fmul_rn(A, x)
+                a2 = fmul_rn(gate_c, sigmoid_tanh(x))
+                # Padded rows add exactly 0, so G stays at the last valid row and gamma is right.
+                G = fadd_rn(G, _select(r < m, a2, 0.0, Float32))
+                sE[r, chan] = BFloat16(ex2_approx_ftz(G))
+                sEbar[r, chan] = BFloat16(ex2_approx_ftz(-G))
+            gamma = ex2_approx_ftz(G)
+            cute.make_tensor(ws_gt + slot * D, cute.make_layout(D))[chan] = gamma
+            sGb[chan] = BFloat16(gamma)
 
-            cute.arch.barrier()  # B1: e, ebar, bf(gamma) published; staging reads done
+        cute.arch.barrier()  # B1: e, ebar, bf(gamma) published; staging reads done
 
+        if warp >= 4:
             # ---- stage 3: decayed tiles (P5), written into the raw images.
             e_row = sE.iterator.toint() + row * (PAD_ROW * 2)
             ebar_row = sEbar.iterator.toint() + row * (PAD_ROW * 2)
@@ -232,7 +256,7 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
                     ki = []
                     kr = []
                     for t in cutlass.range_constexpr(4):
-                        k0, k1 = bf16x2_to_f32x2(hat[s][t])
+                        k0, k1 = bf16x2_to_f32x2(hat[4 * s + t])
                         e0, e1 = bf16x2_to_f32x2(we[t])
                         eb0, eb1 = bf16x2_to_f32x2(web[t])
                         gb0, gb1 = bf16x2_to_f32x2(wgb[t])
@@ -252,31 +276,14 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
                     we = ld_shared_v4(e_row + 16 * j)
                     qd = []
                     for t in cutlass.range_constexpr(4):
-                        q0, q1 = bf16x2_to_f32x2(hat[s][t])
+                        q0, q1 = bf16x2_to_f32x2(hat[4 * s + t])
                         e0, e1 = bf16x2_to_f32x2(we[t])
                         qe0, qe1 = bf16x2_to_f32x2(f32x2_to_bf16x2(q0 * e0, q1 * e1))
                         qd.append(f32x2_to_bf16x2(qe0 * bscale, qe1 * bscale))
                     st_shared_v4(sQd.iterator.toint() + img, qd)
             # The S2G bulk copies read the images through the async proxy.
             cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.barrier()  # B2
-        else:
-            # ---- stage 2a: gate (P2-P4), thread = key channel.
-            A = ex2_approx_ftz(fmul_rn(a_log_h, Float32(LOG2E)))
-            G = Float32(0.0)
-            for r in cutlass.range_constexpr(CHUNK):
-                x = fadd_rn(Float32(sGin[r, chan]), dt)
-                x = fmul_rn(A, x)
-                a2 = fmul_rn(gate_c, sigmoid_tanh(x))
-                # Padded rows add exactly 0, so G stays at the last valid row and gamma is right.
-                G = fadd_rn(G, _select(r < m, a2, 0.0, Float32))
-                sE[r, chan] = BFloat16(ex2_approx_ftz(G))
-                sEbar[r, chan] = BFloat16(ex2_approx_ftz(-G))
-            gamma = ex2_approx_ftz(G)
-            cute.make_tensor(ws_gt + slot * D, cute.make_layout(D))[chan] = gamma
-            sGb[chan] = BFloat16(gamma)
-            cute.arch.barrier()  # B1
-            cute.arch.barrier()  # B2
+        cute.arch.barrier()  # B2
 
         # ---- stage 4
         if warp == 7:

@@ -46,8 +46,12 @@ Pipeline protocol (hand-rolled ring, STAGES stages, tile i uses stage s = i % ST
             then one elected lane does arrive.expect_tx(full[s], 13856 + m * 2 VB) and issues the copies
             that complete exactly those bytes on full[s]: qd, kd, kr (4096 each, raw images), gt 512, inv
             512, mqk 512, bsig 32 and m rows of v (2 VB bytes each). MMA warps wait full[s] at parity r & 1.
-  empty[s]  arrive count W. Each MMA warp, after its last read of the stage (end of Q5) and a __syncwarp,
-            arrives once from one elected lane.
+  empty[s]  arrive count 32 W. Every MMA thread arrives once after its last read of the stage (end of
+            Q5), so each thread's own arrive releases its own reads before the producer's next bulk
+            write; an elected arrive after __syncwarp is equivalent on the hardware but racecheck does
+            not carry the other lanes' reads through the __syncwarp (docs/sanitizers.md).
+  State     Q1 reads other lanes' S^T words (ldmatrix), Q5 then overwrites them: a __syncwarp between
+            the two (WAR), and the end-of-tile __syncwarp before the next Q1 (RAW).
   Every tile the producer issues is consumed, so no copy is in flight when the CTA exits.
 """
 
@@ -105,7 +109,8 @@ def alloc_ring(smem, stage_size: int):
 
 @cute.jit
 def init_ring(warp: Int32, full: cute.Pointer, empty: cute.Pointer, consumers: cutlass.Constexpr[int]):
-    """The stage ring's barriers (full: 1 arrival + tx bytes, empty: one per MMA warp), then a CTA sync."""
+    """The stage ring's barriers (full: 1 arrival + tx bytes, empty: `consumers` arrivals, one per
+    consumer thread), then a CTA sync."""
     if warp == 0:
         with cute.arch.elect_one():
             for s in cutlass.range_constexpr(STAGES):
@@ -235,7 +240,7 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
         if slot >= 0:
             busy = Int32(1)
     if busy > 0:
-        init_ring(warp, full, empty, MMA_WARPS)
+        init_ring(warp, full, empty, 32 * MMA_WARPS)
 
         tok0 = mStart[n]
         tok_end = mStart[n + 1]
@@ -326,6 +331,9 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
                         bfrag = (bq[2 * t], bq[2 * t + 1])
                         acc_u[0] = list(mma_bf16_16816(a_k, bfrag, acc_u[0]))
                         acc_o[0] = list(mma_bf16_16816(a_q, bfrag, acc_o[0]))
+                # Q1's ldmatrix read other lanes' S^T words that Q5 overwrites below: the warp's
+                # reads are done before any lane writes (racecheck's warp-level WAR hazard).
+                cute.arch.sync_warp()
 
                 # -------- Q2..Q4 per n-block
                 a_inv = ldsm_x4(sb + OFF_INV + off_sq)
@@ -369,10 +377,10 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
                         sts_b32(w_a0, st_words[iw])
                         sts_b32(w_a1, st_words[iw + 1])
 
-                # state writes visible to the whole warp; stage reads done -> release it
+                # state writes visible to the whole warp before the next Q1; every thread releases
+                # its own stage reads (empty[s] counts 32 arrivals per MMA warp)
                 cute.arch.sync_warp()
-                with cute.arch.elect_one():
-                    cute.arch.mbarrier_arrive(empty + s)
+                cute.arch.mbarrier_arrive(empty + s)
 
             # -------- Q6 exit state
             if cutlass.const_expr(has_final):
