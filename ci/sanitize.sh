@@ -16,7 +16,9 @@ for tool in "${TOOLS[@]}"; do
   log="$OUT/sanitize_$tool.log"
   extra=()
   [[ $tool == racecheck ]] && extra=(--racecheck-report hazard)
-  timeout --signal=KILL "${KDA_SANITIZE_TIMEOUT:-600}" compute-sanitizer --tool "$tool" "${extra[@]}" \
+  limit=${KDA_SANITIZE_TIMEOUT:-600}
+  [[ $tool == racecheck ]] && limit=${KDA_RACECHECK_TIMEOUT:-$limit}
+  timeout --signal=KILL "$limit" compute-sanitizer --tool "$tool" "${extra[@]}" \
     --print-limit 50 python3 "$REPO/ci/sanitize_cases.py" > "$log" 2>&1
   rc=$?
   python3 - "$tool" "$log" "$rc" >> "$SUMMARY" <<'PY'
