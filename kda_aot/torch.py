@@ -87,7 +87,7 @@ def _prefill_fake(q, k, v, g, beta, A_log, dt_bias, lower_bound=-5.0, scale=None
 @torch.library.custom_op("kda_aot::prefill_out", mutates_args=("out", "final_state", "workspace"), tags=_TAGS)
 def _prefill_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                     A_log: torch.Tensor, dt_bias: torch.Tensor, out: torch.Tensor,
-                    final_state: Optional[torch.Tensor] = None, workspace: Optional[torch.Tensor] = None,
+                    final_state: Optional[torch.Tensor], workspace: Optional[torch.Tensor],
                     lower_bound: float = -5.0, scale: Optional[float] = None,
                     initial_state: Optional[torch.Tensor] = None, cu_seqlens: Optional[torch.Tensor] = None,
                     cu_seqlens_cpu: Optional[torch.Tensor] = None, seq_lens: Optional[List[int]] = None,
@@ -99,7 +99,7 @@ def _prefill_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
 
 
 @_prefill_out_op.register_fake
-def _prefill_out_fake(q, k, v, g, beta, A_log, dt_bias, out, final_state=None, workspace=None, lower_bound=-5.0,
+def _prefill_out_fake(q, k, v, g, beta, A_log, dt_bias, out, final_state, workspace, lower_bound=-5.0,
                       scale=None, initial_state=None, cu_seqlens=None, cu_seqlens_cpu=None, seq_lens=None, cp="auto"):
     return None
 

@@ -120,7 +120,7 @@ def test_op_runs_on_the_current_stream():
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         torch.cuda._sleep(int(2e8))
-        for key in ("q", "k", "v", "g", "beta", "initial_state"):
+        for key in ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state"):
             x[key].copy_(fresh[key])
         got = _via_op(x, output_final_state=True)
     side.synchronize()
