@@ -56,11 +56,12 @@ def main():
     plan = next(iter(api._PLANS.values()))
     ptrs = [t.data_ptr() for t in tensors] + [torch._C._cuda_getCurrentRawStream(0)]
     packed = pack_inputs(ptrs)
-    sig = api._torch_signature(tensors)
+    sig = api._torch_intake(torch.Tensor, tensors)[0]
     key = (sig, (float, -5.0, type(None), None, True, str, "auto", None, None))
     rows = [
         ("_torch_of (isinstance x12)", per_call(lambda: api._torch_of(tensors), gpu=False)),
-        ("_torch_signature (12 tensors)", per_call(lambda: api._torch_signature(tensors), gpu=False)),
+        ("_torch_intake: signature and pointers (12 arguments)",
+         per_call(lambda: api._torch_intake(torch.Tensor, tensors), gpu=False)),
         ("data_ptr x12", per_call(lambda: [0 if t is None else t.data_ptr() for t in tensors], gpu=False)),
         ("plan lookup (hash key)", per_call(lambda: api._PLANS.get(key), gpu=False)),
         ("check_pointers", per_call(lambda: plan.check_pointers(ptrs), gpu=False)),

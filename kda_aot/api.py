@@ -64,15 +64,17 @@ def prefill(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0, scal
         raise ValueError(f"validate: expected 'device' or 'host', got {validate!r}")
     tensors = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state, workspace)
     hint = _hint_key(seq_lens, cu_seqlens_cpu)
-    torch = _torch_of(tensors)
     if validate == "host":
         hint = _read_back_hint(tensors, hint, stream)
     options = (type(lower_bound), lower_bound, type(scale), scale, bool(output_final_state), type(cp), cp,
                hint, value_split)
-    if torch is not None:
-        sig, ptrs = _torch_intake(tensors)
+    torch = sys.modules.get("torch")
+    intake = None if torch is None else _torch_intake(torch.Tensor, tensors)
+    if intake is not None:
+        sig, ptrs = intake
         descs = None
     else:
+        torch = None
         descs = [None if t is None else describe(t, name) for name, t in zip(_TENSOR_ARGS, tensors)]
         sig = tuple(None if d is None else (d.shape, d.strides, d.dtype, d.device, d.device_id,
                                             getattr(d, "readonly", False)) for d in descs)
@@ -136,8 +138,9 @@ def _torch_of(tensors):
     return torch
 
 
-def _torch_intake(tensors):
-    """(signature, pointers) of torch tensors in one pass. The signature is everything the wall
+def _torch_intake(Tensor, tensors):
+    """(signature, pointers) of torch tensors in one pass, or None when an argument is not a torch
+    tensor (the DLPack intake then reads every argument). The signature is everything the wall
     checks of a tensor except its address: dtype, shape, contiguity, device, and the neg bit (a neg
     view's memory holds the un-negated values). Flat, with None for an absent argument: each
     attribute read costs a few hundred nanoseconds on a serving host, nested tuples more."""
@@ -146,14 +149,12 @@ def _torch_intake(tensors):
         if t is None:
             sig.append(None)
             ptrs.append(0)
+        elif not isinstance(t, Tensor):
+            return None
         else:
             sig += (t.dtype, t.shape, t.is_contiguous(), t.get_device(), t.is_neg())
             ptrs.append(t.data_ptr())
     return tuple(sig), ptrs
-
-
-def _torch_signature(tensors) -> tuple:
-    return _torch_intake(tensors)[0]
 
 
 def _hint_key(seq_lens, cu_seqlens_cpu):
