@@ -260,6 +260,13 @@ def test_tile_aligned_split_is_bitwise(mode):
     second = dict(inp, **{x: inp[x][:, 16:] for x in ("q", "k", "v", "g", "beta")},
                   initial_state=s1)
     o2, s2 = _run(mode, second)
+    if mode == "exact":
+        # float64 throughout: the split changes the shapes the CPU BLAS sees, and with them its
+        # summation order, so equality holds to the last few ulps only (1e-17 seen on outputs of
+        # magnitude 0.07), which a missing or wrong state hand-over would exceed by far.
+        torch.testing.assert_close(o, torch.cat([o1, o2], dim=1), rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(s, s2, rtol=1e-12, atol=1e-14)
+        return
     assert torch.equal(o, torch.cat([o1, o2], dim=1))
     assert torch.equal(s, s2)
 
