@@ -104,6 +104,14 @@ def test_cp_deterministic_over_20_runs(lib):
     for _ in range(19):
         o, s = _run(x, 4)
         assert torch.equal(o, o0) and torch.equal(s, s0)
+    # The same values at new addresses (fresh tensors, as a serving loop passes them), with the
+    # previous copies still alive so the allocator cannot hand back the same blocks.
+    keep = []
+    for _ in range(5):
+        y = {k: (t.clone() if torch.is_tensor(t) else t) for k, t in x.items()}
+        keep.append(y)
+        o, s = _run(y, 4)
+        assert torch.equal(o, o0) and torch.equal(s, s0)
 
 
 def test_cp_without_final_state_and_with_empty_sequences(lib):
