@@ -18,10 +18,11 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
+from .abi_constants import D  # head dim: K = V = 128 only
+
 if TYPE_CHECKING:  # kda_aot.tensors imports cuda.core; this module stays importable without it
     from .tensors import TensorDesc
 
-D = 128  # head dim: K = V = 128 only
 DEFAULT_SCALE = D ** -0.5
 LOWER_BOUND_MIN = -5.0  # lower_bound must lie in [LOWER_BOUND_MIN, 0)
 

@@ -12,6 +12,7 @@ from cutlass import Int32, Int64
 
 from .ptx_ops import (bulk_g2s, fma_rn, mma_bf16_16816, movmatrix_t, mul_rn, pack_bf16x2, round_bf16x2, sub_rn,
                       unpack_bf16x2)
+from ..runtime_files import ABI_CONSTANTS
 from .tile_ops import CHUNK, D
 
 STAGES = 3
@@ -25,11 +26,13 @@ def mma_warps(vb: int) -> int:
     return vb // _NW[vb]
 
 
-# Byte sizes of one slot's copy into a stage (the workspace slot sizes of docs/kernel_abi.md).
-TILE_BYTES = CHUNK * D * 2  # one raw 16x128 bf16 image
-GT_BYTES = D * 4
-SQ_BYTES = CHUNK * CHUNK * 2  # inv / mqk
-BSIG_BYTES = CHUNK * 2
+# Byte sizes of one slot's copy into a stage: the workspace slot sizes (docs/kernel_abi.md), from
+# the table the runtime lays the workspace out with.
+TILE_BYTES = ABI_CONSTANTS.TILE_IMAGE_BYTES  # one raw 16x128 bf16 image (qd, kd, kr)
+GT_BYTES = ABI_CONSTANTS.SLOT["gt"]
+SQ_BYTES = ABI_CONSTANTS.SLOT["inv"]  # inv / mqk (16x16 bf16 each)
+assert ABI_CONSTANTS.SLOT["mqk"] == SQ_BYTES and ABI_CONSTANTS.SLOT["qd"] == TILE_BYTES
+BSIG_BYTES = ABI_CONSTANTS.SLOT["bsig"]
 HEAD_ROW_BYTES = D * 2  # one token row of one head in v / out
 
 
