@@ -48,11 +48,6 @@ class Problem:
     device_id: int
     cp: CpMode = "off"  # parse_cp(cp): "off" | "auto" | "on" | segments per sequence
 
-    @property
-    def empty(self) -> bool:
-        """No tokens or no heads: the launcher has nothing to run (spec 1.4, empty-work decision)."""
-        return self.B == 0 or self.T == 0 or self.H == 0
-
 
 # --------------------------------------------------------------------------------------------
 # Argument tables

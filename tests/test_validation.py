@@ -136,12 +136,12 @@ def test_valid_int_scalars():
 @pytest.mark.parametrize("B,T,H", [(0, 64, 4), (2, 0, 4), (2, 64, 0), (0, 0, 0)])
 def test_empty_work_is_valid(B, T, H):
     p = validate_prefill(**make_args(B=B, T=T, H=H, initial="float32", final="float32"))
-    assert (p.B, p.T, p.H) == (B, T, H) and p.empty
+    assert (p.B, p.T, p.H) == (B, T, H)
 
 
 def test_empty_varlen_is_valid():
     p = validate_prefill(**make_args(T=0, cu=2, final="float32"))
-    assert (p.T, p.N) == (0, 1) and p.empty
+    assert (p.T, p.N) == (0, 1)
 
 
 def test_empty_tensors_skip_alignment_and_aliasing():
