@@ -23,6 +23,7 @@ from pathlib import Path
 from . import abi
 from . import compile as kc
 from .registry import all_variants
+from .runtime_files import ABI_CONSTANTS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -132,7 +133,7 @@ def main(argv=None) -> int:
               "python -m build_kernels.abi --write", file=sys.stderr, flush=True)
     revision = _git_revision()
     manifest = {
-        "format": 2,  # kda_aot.identity.MANIFEST_FORMAT
+        "format": ABI_CONSTANTS.MANIFEST_FORMAT,  # what kda_aot.identity reads
         "package_version": _package_version(),
         "git_revision": revision,
         "abi_hash": abi.abi_hash(variants),
@@ -141,6 +142,7 @@ def main(argv=None) -> int:
         "cuda_flavour": args.flavour,
         "cudart_version": _cudart_version(args.flavour),
         "arch": kc.ARCH,
+        "constants": ABI_CONSTANTS.manifest_constants(),  # identity.py refuses a library built with others
         "kernels": [v.to_json() | {"fingerprint": kc.fingerprint(v)} for v in variants],
     }
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")

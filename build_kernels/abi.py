@@ -13,27 +13,17 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
-from pathlib import Path
 from typing import Dict, Iterable
 
+from . import runtime_files
 from .registry import Variant, all_variants
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = runtime_files.ROOT
 ABI_MODULE = ROOT / "kda_aot" / "_abi.py"
 
-
-def _runtime_abi_hash():
-    """kda_aot/abi_hash.py loaded by path: importing the kda_aot package would import its
-    runtime dependencies (cuda.core, numpy), which a build environment need not have."""
-    spec = importlib.util.spec_from_file_location("kda_aot_abi_hash", ROOT / "kda_aot" / "abi_hash.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_HASH = _runtime_abi_hash()
+# kda_aot/abi_hash.py by path (runtime_files.py says why), so both wings hash with one definition.
+_HASH = runtime_files.load("abi_hash")
 
 
 def abi_hash(variants: Iterable[Variant]) -> str:

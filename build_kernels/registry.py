@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, List, Tuple
 
+from .runtime_files import ABI_CONSTANTS
+
 # Argument kinds: "ptr" (device pointer, with element dtype and the alignment the kernel assumes),
 # "i32", "i64", "f32" (scalars), "stream".
 _SCALARS = ("i32", "i64", "f32")
@@ -93,7 +95,7 @@ def _k1() -> List[Variant]:
 
 # (has_initial, has_final) pairs; the state dtype matters only when one of them is present.
 STATE_IO = ((False, False), (True, False), (False, True), (True, True))
-VALUE_BLOCKS = (128, 64, 32)  # value rows of the state per K2 CTA (the value-column split)
+VALUE_BLOCKS = ABI_CONSTANTS.VALUE_BLOCKS  # value rows of the state per K2 CTA (the value-column split)
 
 
 def k2_name(has_initial: bool, has_final: bool, state_fp32: bool, value_block: int) -> str:
@@ -177,14 +179,14 @@ def _cp_seg_tables() -> List[Variant]:
     return variants
 
 
-# Kernels are added to this list as they land; the build compiles exactly these.
+# The build compiles exactly these, in this order: the library addresses kernels by index, so the
+# order is part of the ABI (kda_aot/_abi.py).
 FAMILIES = {"seq_tables": _seq_tables, "k1": _k1, "k2": _k2, "approx": _approx, "cp_merge": _cp_merge,
             "k2_segments": _k2_segments, "cp_pre_scan": _cp_pre_scan, "cp_seg_tables": _cp_seg_tables}
-ENABLED = ("seq_tables", "k1", "k2", "approx", "cp_merge", "k2_segments", "cp_pre_scan", "cp_seg_tables")
 
 
 def all_variants() -> List[Variant]:
-    variants = [v for fam in ENABLED for v in FAMILIES[fam]()]
+    variants = [v for family in FAMILIES.values() for v in family()]
     names = [v.name for v in variants]
     assert len(names) == len(set(names)), "variant names must be unique"
     return variants

@@ -29,9 +29,9 @@ import operator
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple, Union
 
+from .abi_constants import CHUNK  # tokens per tile
 from .validation import int_entries, parse_cp
 
-CHUNK = 16  # tokens per tile
 DEFAULT_SM_COUNT = 132  # H100 SXM / H200
 AUTO_MIN_SEG_TILES = 32  # shortest segment split_balanced makes (512 tokens)
 RERUN_RATIO = 3  # pre_scan + segmented K2 cost relative to serial K2, per tile (spec 4.7)

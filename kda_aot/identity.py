@@ -8,6 +8,8 @@ through KDA_AOT_LIB_DIR) must match what this package expects, each side from it
   distribution: kda-aot, kda-aot-cu12 or kda-aot-cu13), never the manifest itself;
 - git_revision: the stamp a wheel build installs beside this module (_build_revision.txt); a
   source tree has none, and then the revision is not compared;
+- constants: the numbers both wings share (head dim, tile size, value blocks, workspace slot
+  sizes), abi_constants.manifest_constants() against the manifest's `constants` section;
 - the kernel ABI (each kernel's name, arguments with kinds, dtypes and alignments, and baked-in
   constants): the signatures in _abi.py, generated from build_kernels/registry.py and kept equal
   to it by a CPU test. The manifest's own abi_hash must also match its kernel list, so a
@@ -24,10 +26,11 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from . import abi_constants
 from .abi_hash import abi_hash, kernel_signature
 from .loader import KdaError
 
-MANIFEST_FORMAT = 2
+MANIFEST_FORMAT = abi_constants.MANIFEST_FORMAT  # the build writes the same number
 DISTRIBUTIONS = ("kda-aot", "kda-aot-cu12", "kda-aot-cu13")
 _PACKAGE_DIR = Path(__file__).resolve().parent
 REVISION_STAMP = _PACKAGE_DIR / "_build_revision.txt"
@@ -75,8 +78,8 @@ def expected_identity() -> Dict[str, Any]:
     from . import _abi
 
     return {"format": MANIFEST_FORMAT, "package_version": package_version(),
-            "git_revision": package_revision(), "abi_hash": _abi.ABI_HASH,
-            "signatures": list(_abi.SIGNATURES)}
+            "git_revision": package_revision(), "constants": abi_constants.manifest_constants(),
+            "abi_hash": _abi.ABI_HASH, "signatures": list(_abi.SIGNATURES)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -106,6 +109,9 @@ def check_library_identity(manifest: dict, library_path, expected: Optional[Dict
     if want["git_revision"] is not None and manifest.get("git_revision") != want["git_revision"]:
         fail(f"built from git revision {manifest.get('git_revision')!r}, but this package was built "
              f"from {want['git_revision']!r}")
+    got_constants = manifest.get("constants")
+    if got_constants != want["constants"]:
+        fail("built with other constants: " + _constants_difference(got_constants, want["constants"]))
     try:
         kernels = list(manifest["kernels"])
         actual = abi_hash(kernels)
@@ -118,6 +124,16 @@ def check_library_identity(manifest: dict, library_path, expected: Optional[Dict
     if actual != want["abi_hash"]:
         fail(f"kernel ABI {actual[:16]}... differs from this package's {want['abi_hash'][:16]}...: "
              + _first_difference(signatures, want["signatures"]))
+
+
+def _constants_difference(library: Any, package: Dict[str, Any]) -> str:
+    """Each constant whose value differs, both sides, for the error message."""
+    if not isinstance(library, dict):
+        return f"the library's manifest has constants {library!r}, this package expects {package!r}"
+    names = sorted(set(library) | set(package))
+    return "; ".join(f"{name}: the library has {library.get(name, '(absent)')!r}, this package expects "
+                     f"{package.get(name, '(absent)')!r}"
+                     for name in names if library.get(name) != package.get(name))
 
 
 def _first_difference(library: List[str], package: List[str]) -> str:

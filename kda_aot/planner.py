@@ -9,9 +9,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable, Mapping, Optional
 
-CHUNK = 16
-VALUE_SPLITS = (1, 2, 4)  # K2 value blocks per (sequence, head): 128, 64 or 32 value rows each
-D = 128
+from .abi_constants import CHUNK, D, VALUE_BLOCKS
+
+# K2 value blocks per (sequence, head), one per block size the library ships: 1, 2 or 4 CTAs of
+# 128, 64 or 32 value rows each.
+VALUE_SPLITS = tuple(D // vb for vb in VALUE_BLOCKS)
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -18,10 +18,11 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
+from .abi_constants import D  # head dim: K = V = 128 only
+
 if TYPE_CHECKING:  # kda_aot.tensors imports cuda.core; this module stays importable without it
     from .tensors import TensorDesc
 
-D = 128  # head dim: K = V = 128 only
 DEFAULT_SCALE = D ** -0.5
 LOWER_BOUND_MIN = -5.0  # lower_bound must lie in [LOWER_BOUND_MIN, 0)
 
@@ -46,11 +47,6 @@ class Problem:
     lower_bound: float
     device_id: int
     cp: CpMode = "off"  # parse_cp(cp): "off" | "auto" | "on" | segments per sequence
-
-    @property
-    def empty(self) -> bool:
-        """No tokens or no heads: the launcher has nothing to run (spec 1.4, empty-work decision)."""
-        return self.B == 0 or self.T == 0 or self.H == 0
 
 
 # --------------------------------------------------------------------------------------------

@@ -12,19 +12,10 @@ import dataclasses
 import threading
 from typing import Dict, Tuple
 
-ALIGN = 256
-TILE_IMAGE_BYTES = 16 * 128 * 2  # one raw 16x128 bf16 tile image
-
-# bytes per (head, tile) slot of each region, in the order they are laid out
-SLOT_BYTES = (
-    ("qd", TILE_IMAGE_BYTES),
-    ("kd", TILE_IMAGE_BYTES),
-    ("kr", TILE_IMAGE_BYTES),
-    ("gt", 128 * 4),
-    ("inv", 16 * 16 * 2),
-    ("mqk", 16 * 16 * 2),
-    ("bsig", 16 * 2),
-)
+# The alignment and the bytes per (head, tile) slot of each region, in layout order, are part of
+# the kernel ABI: declared once in abi_constants.py, which the build reads too.
+from .abi_constants import SLOT_BYTES, STATE_BYTES
+from .abi_constants import WORKSPACE_ALIGN as ALIGN
 
 
 def _round_up(x: int, a: int = ALIGN) -> int:
@@ -50,9 +41,6 @@ def workspace_layout(n_heads: int, tile_capacity: int, n_seq: int) -> WorkspaceL
         regions[name] = (offset, nbytes)
         offset = _round_up(offset + nbytes)
     return WorkspaceLayout(regions, offset)
-
-
-STATE_BYTES = 128 * 128 * 4  # one fp32 [V, K] state: the CP scratch per (segment, head)
 
 
 def cp_layout(n_heads: int, tile_capacity: int, n_seq: int, max_segments: int) -> WorkspaceLayout:

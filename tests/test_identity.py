@@ -14,9 +14,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # build_kernels lives only in the source tree
-from build_kernels import abi  # noqa: E402
+from build_kernels import abi, runtime_files  # noqa: E402
 from build_kernels.registry import all_variants  # noqa: E402
-from kda_aot import identity, loader  # noqa: E402
+from kda_aot import abi_constants, identity, loader  # noqa: E402
 from kda_aot.abi_hash import abi_hash  # noqa: E402
 from kda_aot.validation import ALIGNMENT  # noqa: E402
 REVISION = "0123456789ab"
@@ -28,6 +28,8 @@ def manifest_for(variants=None, **changes) -> dict:
     kernels = [v.to_json() | {"fingerprint": "f" * 20} for v in variants]
     m = {"format": identity.MANIFEST_FORMAT, "package_version": identity.package_version(),
          "git_revision": REVISION, "abi_hash": abi_hash(kernels),
+         # as build_kernels/__main__.py writes it: from the build's by-path copy of abi_constants.py
+         "constants": runtime_files.ABI_CONSTANTS.manifest_constants(),
          "arg_alignment": abi.arg_alignment(variants), "kernels": kernels}
     m.update(changes)
     return m
@@ -78,7 +80,7 @@ def test_revision_not_compared_without_a_stamp():
 
 
 @pytest.mark.parametrize("changes,match", [
-    ({"format": 1}, r"manifest format 1, but this package reads format 2"),
+    ({"format": 1}, rf"manifest format 1, but this package reads format {identity.MANIFEST_FORMAT}"),
     ({"format": None}, r"manifest format None"),
     ({"package_version": "9.9.9"}, r"built for kda-aot '9\.9\.9', but this package is kda-aot '[^']+'"),
     ({"git_revision": "fedcba987654"}, rf"built from git revision 'fedcba987654', but this package was built from '{REVISION}'"),
@@ -88,6 +90,50 @@ def test_revision_not_compared_without_a_stamp():
 def test_identity_fields(changes, match):
     with pytest.raises(identity.LibraryMismatchError, match=r"^kernel library /lib/libkda_kernels\.so: " + match):
         check(manifest_for(**changes))
+
+
+# --------------------------------------------------------------------------------------------
+# Constants: one source (kda_aot/abi_constants.py), recorded in the manifest and checked
+
+def test_build_and_runtime_read_the_same_constants():
+    """The build's by-path copy is the same file, so both wings see the same values; and every
+    place that used to declare its own copy now reads them from there."""
+    from build_kernels import registry
+    from kda_aot import cp_plan, planner, validation, workspace
+
+    assert runtime_files.ABI_CONSTANTS.manifest_constants() == abi_constants.manifest_constants()
+    assert registry.VALUE_BLOCKS == abi_constants.VALUE_BLOCKS
+    assert planner.VALUE_SPLITS == (1, 2, 4) and planner.D == validation.D == abi_constants.D == 128
+    assert planner.CHUNK == cp_plan.CHUNK == abi_constants.CHUNK == 16
+    assert workspace.SLOT_BYTES is abi_constants.SLOT_BYTES and workspace.ALIGN == 256
+    assert dict(workspace.SLOT_BYTES) == {"qd": 4096, "kd": 4096, "kr": 4096, "gt": 512, "inv": 512, "mqk": 512,
+                                          "bsig": 32}
+
+
+def test_manifest_constants_survive_json():
+    """The manifest is JSON: what the build writes must compare equal once read back."""
+    constants = abi_constants.manifest_constants()
+    assert json.loads(json.dumps(constants)) == constants
+
+
+@pytest.mark.parametrize("name,value", [("CHUNK", 32), ("D", 64), ("VALUE_BLOCKS", [128, 64]),
+                                        ("SLOT_BYTES", [["qd", 4096]]), ("STATE_BYTES", 1)])
+def test_other_constants_are_refused_naming_both_sides(name, value):
+    m = manifest_for()
+    want = m["constants"][name]
+    m["constants"] = {**m["constants"], name: value}
+    with pytest.raises(identity.LibraryMismatchError,
+                       match=rf"built with other constants: {name}: the library has {re.escape(repr(value))}, "
+                             rf"this package expects {re.escape(repr(want))}"):
+        check(m)
+
+
+def test_a_manifest_without_constants_is_refused():
+    m = manifest_for()
+    del m["constants"]
+    with pytest.raises(identity.LibraryMismatchError, match=r"built with other constants: the library's manifest "
+                                                            r"has constants None, this package expects \{'D': 128"):
+        check(m)
 
 
 def test_missing_fields_are_mismatches():

@@ -136,12 +136,12 @@ def test_valid_int_scalars():
 @pytest.mark.parametrize("B,T,H", [(0, 64, 4), (2, 0, 4), (2, 64, 0), (0, 0, 0)])
 def test_empty_work_is_valid(B, T, H):
     p = validate_prefill(**make_args(B=B, T=T, H=H, initial="float32", final="float32"))
-    assert (p.B, p.T, p.H) == (B, T, H) and p.empty
+    assert (p.B, p.T, p.H) == (B, T, H)
 
 
 def test_empty_varlen_is_valid():
     p = validate_prefill(**make_args(T=0, cu=2, final="float32"))
-    assert (p.T, p.N) == (0, 1) and p.empty
+    assert (p.T, p.N) == (0, 1)
 
 
 def test_empty_tensors_skip_alignment_and_aliasing():
@@ -623,16 +623,22 @@ def test_cu_values_numpy():
 # The module stays framework-free
 
 def test_validation_module_imports_no_framework():
-    """validation.py on its own (outside the package, whose other modules need cuda.core) imports
-    no framework, so the wall can run and be tested anywhere."""
+    """validation.py with what it imports of the package (abi_constants.py), but without the
+    package's __init__ (whose other modules need cuda.core), imports no framework, so the wall can
+    run and be tested anywhere. The package is stood in for by an empty module with the package's
+    path, so validation's relative imports resolve to the real sibling files."""
     import subprocess
     import sys
+    from pathlib import Path
 
     import kda_aot.validation as mod
 
-    code = ("import importlib.util, sys; "
-            f"spec = importlib.util.spec_from_file_location('kda_validation', {mod.__file__!r}); "
-            "m = importlib.util.module_from_spec(spec); sys.modules[spec.name] = m; spec.loader.exec_module(m); "
+    package_dir = str(Path(mod.__file__).parent)
+    code = ("import importlib, sys, types; "
+            "pkg = types.ModuleType('kda_aot'); "
+            f"pkg.__path__ = [{package_dir!r}]; "
+            "sys.modules['kda_aot'] = pkg; "
+            "importlib.import_module('kda_aot.validation'); "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
             "('torch', 'cuda', 'numpy', 'cupy', 'jax')); "
             "assert not bad, bad")

@@ -2,7 +2,7 @@
 
 The GPU reference of the rounding recipe (tests) calls this to reproduce ex2.approx.ftz.f32,
 tanh.approx.f32 and rsqrt.approx.ftz.f32 bit for bit, from the same helpers the kernels use
-(tile_ops). One thread per element, 256 threads per CTA; n > 0 is the caller's responsibility
+(ptx_ops). One thread per element, 256 threads per CTA; n > 0 is the caller's responsibility
 (the runtime never launches a zero-size grid).
 """
 
@@ -11,7 +11,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
-from .tile_ops import ex2_approx_ftz, rsqrt_approx_ftz, tanh_approx
+from .ptx_ops import ex2_approx_ftz, rsqrt_approx_ftz, tanh_approx
 
 THREADS = 256
 OPS = {0: "ex2.approx.ftz.f32", 1: "tanh.approx.f32", 2: "rsqrt.approx.ftz.f32"}

@@ -56,9 +56,10 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
-from cutlass.cutlass_dsl import T, dsl_user_op
-from .mma_ops import bulk_g2s, lds_b32, lds_f32
-from .tile_ops import D, _asm, _ir, await_previous_grid, st_shared_v4  # the shared inline-PTX wrappers
+
+from .ptx_ops import (bulk_g2s, cp_async_16, ldg_bf16x4_f32, ldg_v4_f32, lds_b32, lds_f32, lds_v2_f32, mma_tf32_1688,
+                      st_shared_v4, stg_v2_f32, stg_v4_f32, sts_v2_b32, to_tf32)
+from .tile_ops import D, await_previous_grid, m_seg_column
 
 ROWS = 16  # carry rows (value rows) per CTA: one m16 tile
 WARPS = 8  # MMA warps per CTA, each owning WARP_COLS output columns
@@ -73,90 +74,6 @@ MAT = D * D  # elements per (segment, head) matrix
 M_BYTES = MAT * 4  # one M, unpadded (its columns are swizzled instead, see m_seg_column)
 B_BYTES = ROWS * B_STRIDE * 4
 CARRY_BYTES = ROWS * C_STRIDE * 4
-
-
-def m_seg_column(row, col):
-    """Where m_seg keeps element (row, col) of M_j inside its row: col ^ 8 (row & 3) (docs/kernel_abi.md).
-
-    pre_scan writes M this way so that the merge can load a whole M with one contiguous bulk copy
-    (no row padding) and still read its B fragments (rows k0 + q and k0 + q + 4, column n0 + g)
-    without bank conflicts: lane (g, q) hits bank ((n0 ^ 8 q) + g) mod 32, 32 distinct banks."""
-    return col ^ (8 * (row & 3))
-
-
-# ------------------------------------------------------------------------------------------------
-# inline PTX (memory ops carry side effects so LLVM keeps them on their side of every barrier)
-
-
-@dsl_user_op
-def cp_async_16(saddr: Int32, gaddr: Int64, *, loc=None, ip=None) -> None:
-    """16-byte global -> shared copy, L2 only (cp.async.cg)."""
-    _asm(None, [_ir(saddr, Int32, loc, ip), _ir(gaddr, Int64, loc, ip)],
-         "cp.async.cg.shared.global [$0], [$1], 16;", "r,l", True, loc, ip)
-
-
-@dsl_user_op
-def lds_v2_f32(saddr: Int32, *, loc=None, ip=None):
-    r = _asm([T.f32(), T.f32()], [_ir(saddr, Int32, loc, ip)], "ld.shared.v2.f32 {$0, $1}, [$2];", "=f,=f,r",
-             True, loc, ip)
-    return Float32(r[0]), Float32(r[1])
-
-
-@dsl_user_op
-def sts_v2_b32(saddr: Int32, a: Int32, b: Int32, *, loc=None, ip=None) -> None:
-    _asm(None, [_ir(saddr, Int32, loc, ip), _ir(a, Int32, loc, ip), _ir(b, Int32, loc, ip)],
-         "st.shared.v2.b32 [$0], {$1, $2};", "r,r,r", True, loc, ip)
-
-
-@dsl_user_op
-def ldg_v4_f32(gaddr: Int64, *, loc=None, ip=None):
-    r = _asm([T.f32()] * 4, [_ir(gaddr, Int64, loc, ip)], "ld.global.nc.v4.f32 {$0, $1, $2, $3}, [$4];",
-             "=f,=f,=f,=f,l", True, loc, ip)
-    return tuple(Float32(x) for x in r)
-
-
-@dsl_user_op
-def ldg_bf16x4_f32(gaddr: Int64, *, loc=None, ip=None):
-    """Four consecutive bf16 (8 bytes), widened exactly to fp32."""
-    r = _asm([T.f32()] * 4, [_ir(gaddr, Int64, loc, ip)],
-             "{\n\t.reg .b32 w0, w1;\n\tld.global.nc.v2.b32 {w0, w1}, [$4];\n\t"
-             "shl.b32 $0, w0, 16;\n\tand.b32 $1, w0, -65536;\n\tshl.b32 $2, w1, 16;\n\tand.b32 $3, w1, -65536;\n\t}",
-             "=f,=f,=f,=f,l", True, loc, ip)
-    return tuple(Float32(x) for x in r)
-
-
-@dsl_user_op
-def stg_v2_f32(gaddr: Int64, a: Float32, b: Float32, *, loc=None, ip=None) -> None:
-    _asm(None, [_ir(gaddr, Int64, loc, ip), _ir(a, Float32, loc, ip), _ir(b, Float32, loc, ip)],
-         "st.global.v2.f32 [$0], {$1, $2};", "l,f,f", True, loc, ip)
-
-
-@dsl_user_op
-def stg_v4_f32(gaddr: Int64, a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None, ip=None) -> None:
-    _asm(None, [_ir(gaddr, Int64, loc, ip)] + [_ir(x, Float32, loc, ip) for x in (a, b, c, d)],
-         "st.global.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f", True, loc, ip)
-
-
-@dsl_user_op
-def to_tf32(x: Float32, *, loc=None, ip=None) -> Int32:
-    """fp32 -> tf32 (round to nearest, ties away), as the b32 operand register mma.sync expects."""
-    return Int32(_asm([T.i32()], [_ir(x, Float32, loc, ip)], "cvt.rna.tf32.f32 $0, $1;", "=r,f", False, loc, ip))
-
-
-@dsl_user_op
-def mma_tf32_1688(a, b, c, *, loc=None, ip=None):
-    """D(16x8 f32) = A(16x8 tf32, row) * B(8x8 tf32, col) + C.
-
-    Fragments (g = lane >> 2, q = lane & 3): a0 (g, q), a1 (g+8, q), a2 (g, q+4), a3 (g+8, q+4);
-    b0 (k q, n g), b1 (k q+4, n g); c0, c1 (g, 2q..2q+1), c2, c3 (g+8, 2q..2q+1).
-    """
-    ops = [_ir(x, Int32, loc, ip) for x in a] + [_ir(x, Int32, loc, ip) for x in b] + \
-          [_ir(x, Float32, loc, ip) for x in c]
-    r = _asm([T.f32()] * 4, ops,
-             "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-             "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
-             "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", False, loc, ip)
-    return [Float32(x) for x in r]
 
 
 # ------------------------------------------------------------------------------------------------

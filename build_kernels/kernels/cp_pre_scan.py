@@ -9,10 +9,10 @@ tile i at workspace slot h*cap + tile_prefix[j] + i, first token seq_start[j] + 
 Two chains run per tile in the same MMA warps, sharing the stage (and the Kd / Kr A fragments):
 
 * S-chain (B_j): K2's per-tile state update on the bf16 S^T (K x V) from S = 0, with the same code as
-  k2_recurrence.py minus Q4: Q1 u = bf(acc32(Kd S^T)) (8 k-steps of m16n8k16, same ldmatrix operands
+  k2_recurrence.py minus Q4 (recurrence_common.py): Q1 u = bf(acc32(Kd S^T)) (8 k-steps of m16n8k16, same ldmatrix operands
   and k order), Q2 r = bf(bf(v - u) * bsig) (v rows >= m forced to 0), Q3 U = bf(acc32(INV r)) via
   movmatrix, Q5 S^T = bf(fma(S^T, gamma, acc32(Kr^T U))). Each accumulator sees exactly K2's MMA
-  sequence and rounding PTX (same mma_ops helpers), warp w owns the same NW value columns as in K2,
+  sequence and rounding PTX (same ptx_ops helpers), warp w owns the same NW value columns as in K2,
   so B_j is bit-identical to K2's final state run from zero over the same tiles (spec 4.6 item 2).
   b_seg[j, h, v, k] = f32(S^T[k, v]) (exact widening), written like K2's fp32 final state.
 
@@ -34,7 +34,7 @@ m_seg[j, h, a, b] = M_j[a, b] = X_end[a, b] = X^T_end[b, a]: row a = the X row (
 by the CTA/warp), column b = key index, the same [row = value, col = key] placement as b_seg (and
 K2's final state). Check: carry @ M = sum_a carry[v, a] M[a, b]; for one tile, (S A_c)[v, b] =
 sum_a S[v, a] A_c[a, b]. The kernel stores the fragment element X^T[k, i] at m_seg[.., i, k], in
-column cp_merge.m_seg_column(i, k) = k ^ 8 (i & 3) of row i: the merge loads a whole M with one
+column tile_ops.m_seg_column(i, k) = k ^ 8 (i & 3) of row i: the merge loads a whole M with one
 bulk copy and reads it conflict-free without row padding (docs/kernel_abi.md).
 
 Thread roles (as K2): warps 0..W-1 MMA warps (W = mma_warps(VB), NW = VB / W value columns / X rows
@@ -54,22 +54,16 @@ between Q1's ldmatrix of S^T / Xb^T and Q5's writes of them, docs/sanitizers.md)
 producer issues is consumed, so no copy is in flight at exit.
 """
 
-from typing import Optional
-
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
-from cutlass._mlir import ir
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .k2_recurrence import (BSIG_BYTES, GT_BYTES, HEAD_ROW_BYTES, SQ_BYTES, STAGES, TILE_BYTES, alloc_ring, init_ring, mma_warps,
-                            produce_tiles, solve_u_fragment, state_words_step, v_stride)
-from .mma_ops import (fma_rn, lds_b32, lds_bf16_f32, lds_f32, ldsm_x4, ldsm_x4_t, mma_bf16_16816, pack_bf16x2,
-                      select_b32, stg_f32_pair_from_bf16, sts_b32, unpack_bf16x2)
-from .cp_merge import m_seg_column
-from .tile_ops import CHUNK, D, await_previous_grid
+from .ptx_ops import (fma_rn, ldg_b32, lds_b32, lds_bf16_f32, lds_f32, ldsm_x4, ldsm_x4_t, mma_bf16_16816,
+                      pack_bf16x2, select_b32, stg_f32, stg_f32_pair_from_bf16, sts_b32, unpack_bf16x2)
+from .recurrence_common import (BSIG_BYTES, GT_BYTES, HEAD_ROW_BYTES, SQ_BYTES, STAGES, TILE_BYTES, alloc_ring,
+                                init_ring, mma_warps, produce_tiles, solve_u_fragment, state_words_step, v_stride)
+from .tile_ops import CHUNK, D, await_previous_grid, m_seg_column
 
 OFF_KD, OFF_KR = 0, TILE_BYTES
 OFF_GT = 2 * TILE_BYTES
@@ -82,22 +76,6 @@ BF16_ONE = 0x3F80
 
 def stage_bytes(vb: int) -> int:
     return (OFF_V + CHUNK * v_stride(vb) + 127) // 128 * 128
-
-
-# local global-memory helpers (64-bit addresses)
-@dsl_user_op
-def _ldg_s32(addr: Int64, *, loc: Optional[ir.Location] = None, ip: Optional[ir.InsertionPoint] = None) -> Int32:
-    return Int32(llvm.inline_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)], "ld.global.b32 $0, [$1];",
-                                 "=r,l", has_side_effects=True, is_align_stack=False,
-                                 asm_dialect=llvm.AsmDialect.AD_ATT))
-
-
-@dsl_user_op
-def _stg_f32(addr: Int64, val: Float32, *, loc: Optional[ir.Location] = None,
-             ip: Optional[ir.InsertionPoint] = None) -> None:
-    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip), Float32(val).ir_value(loc=loc, ip=ip)],
-                    "st.global.f32 [$0], $1;", "l,f", has_side_effects=True, is_align_stack=False,
-                    asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
 @cute.kernel
@@ -122,17 +100,17 @@ def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, 
     sstate = smem.allocate(VB * D * 2, byte_alignment=128)
     smirror = smem.allocate(VB * D * 2, byte_alignment=128)
 
-    j = _ldg_s32(scan_ptr + Int64(x) * 4)
+    j = ldg_b32(scan_ptr + Int64(x) * 4)
     # scan_seg may end in -1 entries (the device-built tables pad it up to the grid the runtime
     # sizes by a host-known bound): such a CTA does nothing. The condition is uniform over the
     # CTA, so the ring's barriers (set up inside the branch) serve all of its threads or none.
     if j >= 0:
         init_ring(warp, full, empty, 32 * MMA_WARPS)
 
-        tok0 = _ldg_s32(start_ptr + Int64(j) * 4)
-        tok_end = _ldg_s32(start_ptr + Int64(j + 1) * 4)
-        tile0 = _ldg_s32(prefix_ptr + Int64(j) * 4)
-        ntiles = _ldg_s32(prefix_ptr + Int64(j + 1) * 4) - tile0
+        tok0 = ldg_b32(start_ptr + Int64(j) * 4)
+        tok_end = ldg_b32(start_ptr + Int64(j + 1) * 4)
+        tile0 = ldg_b32(prefix_ptr + Int64(j) * 4)
+        ntiles = ldg_b32(prefix_ptr + Int64(j + 1) * 4) - tile0
         h64 = Int64(h)
         H64 = Int64(n_heads)
 
@@ -277,7 +255,7 @@ def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, 
                     word = lds_b32(region + koff + 128 * (p // 4) + 4 * (p % 4))
                     e0 = out_base + Int64(col0 + 2 * p) * D + Int64(k)
                     stg_f32_pair_from_bf16(bseg_ptr + e0 * 4, bseg_ptr + (e0 + D) * 4, word)
-            # m_seg's columns are swizzled for the merge's bulk copy (cp_merge.m_seg_column): row r keeps
+            # m_seg's columns are swizzled for the merge's bulk copy (tile_ops.m_seg_column): row r keeps
             # column c at c ^ 8 (r & 3); this lane's rows are i0 = col0 + 8 nb + 2q and i0 + 1
             for mb in cutlass.range_constexpr(D // 16):
                 for nb in cutlass.range_constexpr(NB):
@@ -286,10 +264,10 @@ def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, 
                     k0 = 16 * mb + g
                     r0 = out_base + Int64(i0) * D
                     r1 = r0 + D
-                    _stg_f32(mseg_ptr + (r0 + Int64(m_seg_column(i0, k0))) * 4, xr[e])
-                    _stg_f32(mseg_ptr + (r1 + Int64(m_seg_column(i0 + 1, k0))) * 4, xr[e + 1])
-                    _stg_f32(mseg_ptr + (r0 + Int64(m_seg_column(i0, k0 + 8))) * 4, xr[e + 2])
-                    _stg_f32(mseg_ptr + (r1 + Int64(m_seg_column(i0 + 1, k0 + 8))) * 4, xr[e + 3])
+                    stg_f32(mseg_ptr + (r0 + Int64(m_seg_column(i0, k0))) * 4, xr[e])
+                    stg_f32(mseg_ptr + (r1 + Int64(m_seg_column(i0 + 1, k0))) * 4, xr[e + 1])
+                    stg_f32(mseg_ptr + (r0 + Int64(m_seg_column(i0, k0 + 8))) * 4, xr[e + 2])
+                    stg_f32(mseg_ptr + (r1 + Int64(m_seg_column(i0 + 1, k0 + 8))) * 4, xr[e + 3])
 
 
 @cute.jit

@@ -38,7 +38,7 @@ when registers stay <= 64/thread):
   mbar              8 B
 
 Rounding follows spec 2.4 op by op. The gate and norm arithmetic uses explicit `.rn` PTX
-(tile_ops.fmul_rn/fadd_rn/ffma_rn) so ptxas cannot contract `c*s` into the cumsum; products of
+(ptx_ops.mul_rn_ftz/add_rn_ftz/fma_rn_ftz) so ptxas cannot contract `c*s` into the cumsum; products of
 two bf16 (or two fp16) values are exact in fp32, so P5/P6 products are fp32 multiplies followed
 by one RNE conversion.
 """
@@ -48,12 +48,13 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64, Uint8, Uint32
 
-from .tile_ops import (
-    CHUNK, D, LOG2E, add_f16x2, await_previous_grid, bf16x2_to_f32x2, bulk_g2s, bulk_s2g_elected, ex2_approx_ftz, f16x2_to_f32x2,
-    f32x2_to_bf16x2, f32x2_to_f16x2, fadd_rn, ffma_rn, fmul_rn, ld_shared_v4, ldmatrix_x4, mma_m16n8k16_bf16_f32,
-    mma_m16n8k16_f16_f16, movmatrix_trans, mul_f16x2, raw_tile_layout, round_bf16, rsqrt_approx_ftz, sigmoid_tanh,
+from .ptx_ops import (
+    add_f16x2, add_rn_ftz, ex2_approx_ftz, f16x2_to_f32x2, f32x2_to_bf16x2, f32x2_to_f16x2, fma_rn_ftz, ld_shared_v4,
+    ldmatrix_x4, mma_m16n8k16_bf16_f32, mma_m16n8k16_f16_f16, movmatrix_trans, mul_f16x2, mul_rn_ftz, rsqrt_approx_ftz,
     st_shared_v4, sub_f16x2,
 )
+from .tile_ops import (CHUNK, D, LOG2E, await_previous_grid, bf16x2_to_f32x2, bulk_g2s_tensor, bulk_s2g_elected,
+                       raw_tile_layout, round_bf16, sigmoid_tanh)
 
 THREADS = 256
 ROW_BYTES = D * 2  # one token row of one head, bf16
@@ -153,11 +154,11 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
             if r < m:
                 row_off = (Int64(tok0 + r) * Int64(n_heads) + Int64(head)) * D
                 with cute.arch.elect_one():
-                    bulk_g2s(cute.make_tensor(q + row_off, row_layout),
+                    bulk_g2s_tensor(cute.make_tensor(q + row_off, row_layout),
                              cute.make_tensor(sQin.iterator + r * PAD_ROW, row_layout), mbar)
-                    bulk_g2s(cute.make_tensor(k + row_off, row_layout),
+                    bulk_g2s_tensor(cute.make_tensor(k + row_off, row_layout),
                              cute.make_tensor(sKin.iterator + r * PAD_ROW, row_layout), mbar)
-                    bulk_g2s(cute.make_tensor(g + row_off, row_layout),
+                    bulk_g2s_tensor(cute.make_tensor(g + row_off, row_layout),
                              cute.make_tensor(sGin.iterator + r * PAD_ROW, row_layout), mbar)
 
         # Scalars whose global latency overlaps the bulk loads.
@@ -209,30 +210,30 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
                     vals.append(_select(row_valid, hi_v, 0.0, Float32))
                 p = Float32(0.0)
                 for v in vals:
-                    p = ffma_rn(v, v, p)
+                    p = fma_rn_ftz(v, v, p)
                 xs.append(vals)
                 partial.append(p)
             # Butterfly p_j += p_{j^o}, o = 8, 4, 2, 1: j^8 and j^4 are this lane's s^2 and s^1, j^2 and
             # j^1 are lanes ^16 and ^8. IEEE addition commutes, so every lane of a row ends bit-equal.
-            t8 = [fadd_rn(partial[s], partial[s ^ 2]) for s in range(2)]
-            ssq = fadd_rn(t8[0], t8[1])
-            ssq = fadd_rn(ssq, cute.arch.shuffle_sync_bfly(ssq, offset=16))
-            ssq = fadd_rn(ssq, cute.arch.shuffle_sync_bfly(ssq, offset=8))
-            inv_norm = rsqrt_approx_ftz(fadd_rn(ssq, Float32(1e-6)))
+            t8 = [add_rn_ftz(partial[s], partial[s ^ 2]) for s in range(2)]
+            ssq = add_rn_ftz(t8[0], t8[1])
+            ssq = add_rn_ftz(ssq, cute.arch.shuffle_sync_bfly(ssq, offset=16))
+            ssq = add_rn_ftz(ssq, cute.arch.shuffle_sync_bfly(ssq, offset=8))
+            inv_norm = rsqrt_approx_ftz(add_rn_ftz(ssq, Float32(1e-6)))
             for s in cutlass.range_constexpr(4):
                 for t in cutlass.range_constexpr(4):
-                    hat[4 * s + t] = f32x2_to_bf16x2(fmul_rn(xs[s][2 * t], inv_norm),
-                                                     fmul_rn(xs[s][2 * t + 1], inv_norm))
+                    hat[4 * s + t] = f32x2_to_bf16x2(mul_rn_ftz(xs[s][2 * t], inv_norm),
+                                                     mul_rn_ftz(xs[s][2 * t + 1], inv_norm))
         else:
             # ---- stage 2a: gate (P2-P4), thread = key channel.
-            A = ex2_approx_ftz(fmul_rn(a_log_h, Float32(LOG2E)))
+            A = ex2_approx_ftz(mul_rn_ftz(a_log_h, Float32(LOG2E)))
             G = Float32(0.0)
             for r in cutlass.range_constexpr(CHUNK):
-                x = fadd_rn(Float32(sGin[r, chan]), dt)
-                x = fmul_rn(A, x)
-                a2 = fmul_rn(gate_c, sigmoid_tanh(x))
+                x = add_rn_ftz(Float32(sGin[r, chan]), dt)
+                x = mul_rn_ftz(A, x)
+                a2 = mul_rn_ftz(gate_c, sigmoid_tanh(x))
                 # Padded rows add exactly 0, so G stays at the last valid row and gamma is right.
-                G = fadd_rn(G, _select(r < m, a2, 0.0, Float32))
+                G = add_rn_ftz(G, _select(r < m, a2, 0.0, Float32))
                 sE[r, chan] = BFloat16(ex2_approx_ftz(G))
                 sEbar[r, chan] = BFloat16(ex2_approx_ftz(-G))
             gamma = ex2_approx_ftz(G)

@@ -60,25 +60,14 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64, Float32
 
-from .mma_ops import (add_rn, bulk_g2s, fma_rn, ldg_bf16_pair, ldg_f32_pair_bf16, lds_b32, lds_bf16_f32, lds_f32,
-                      ldsm_x4, ldsm_x4_t, mma_bf16_16816, movmatrix_t, mul_rn, pack_bf16x2, round_bf16x2,
-                      select_b32, stg_b32_if, stg_bf16_pair, stg_f32_pair_from_bf16, sts_b32, sub_rn, unpack_bf16x2)
+from .ptx_ops import (add_rn, ldg_bf16_pair, ldg_f32_pair_bf16, lds_b32, lds_bf16_f32, lds_f32, ldsm_x4, ldsm_x4_t,
+                      mma_bf16_16816, pack_bf16x2, round_bf16x2, select_b32, stg_b32_if, stg_bf16_pair,
+                      stg_f32_pair_from_bf16, sts_b32)
+from .recurrence_common import (BSIG_BYTES, GT_BYTES, HEAD_ROW_BYTES, SQ_BYTES, STAGES, TILE_BYTES, alloc_ring,
+                                init_ring, mma_warps, produce_tiles, solve_u_fragment, state_words_step, v_stride)
 from .tile_ops import CHUNK, D, await_previous_grid
 
-STAGES = 3
-# Value columns per MMA warp, per value_block. Measured on an H200 (H=64, T=8192, us per 16-token tile):
-# VB=128: NW 32/16/8 -> 1.92/1.56/1.81; VB=64: NW 16/8 -> 1.30/1.10; VB=32: NW 16/8 -> 1.41/1.12.
-_NW = {128: 16, 64: 8, 32: 8}
-
-
-def mma_warps(vb: int) -> int:
-    """MMA warps of a CTA: each owns NW value columns."""
-    return vb // _NW[vb]
-
-TILE_BYTES = CHUNK * D * 2  # one raw 16x128 bf16 image
-GT_BYTES = D * 4
-SQ_BYTES = CHUNK * CHUNK * 2  # inv / mqk
-BSIG_BYTES = CHUNK * 2
+# K2's stage layout (bytes): qd | kd | kr | gt | inv | mqk | bsig (+96 pad) | v rows
 OFF_QD, OFF_KD, OFF_KR = 0, TILE_BYTES, 2 * TILE_BYTES
 OFF_GT = 3 * TILE_BYTES
 OFF_INV = OFF_GT + GT_BYTES
@@ -86,102 +75,12 @@ OFF_MQK = OFF_INV + SQ_BYTES
 OFF_BSIG = OFF_MQK + SQ_BYTES
 OFF_V = OFF_BSIG + 128
 FIXED_TX = 3 * TILE_BYTES + GT_BYTES + 2 * SQ_BYTES + BSIG_BYTES  # 13856 bytes + the v rows
-HEAD_ROW_BYTES = D * 2  # one token row of one head in v / out
-
-
-def v_stride(vb: int) -> int:
-    return 2 * vb + 16
 
 
 def stage_bytes(vb: int) -> int:
     return (OFF_V + CHUNK * v_stride(vb) + 127) // 128 * 128
 
 
-def alloc_ring(smem, stage_size: int):
-    """The stage ring of K2 and pre_scan in shared memory, allocated first: 2 * STAGES mbarriers
-    (full[s], then empty[s]) and STAGES stages of stage_size bytes (each kernel has its own stage
-    layout). Returns (full, empty, buffer address); init_ring initialises the barriers once the
-    kernel's other buffers are allocated."""
-    bars = smem.allocate_array(Int64, 2 * STAGES, byte_alignment=8)
-    buf = smem.allocate(STAGES * stage_size, byte_alignment=128)
-    return bars, bars + STAGES, buf.toint()
-
-
-@cute.jit
-def init_ring(warp: Int32, full: cute.Pointer, empty: cute.Pointer, consumers: cutlass.Constexpr[int]):
-    """The stage ring's barriers (full: 1 arrival + tx bytes, empty: `consumers` arrivals, one per
-    consumer thread), then a CTA sync."""
-    if warp == 0:
-        with cute.arch.elect_one():
-            for s in cutlass.range_constexpr(STAGES):
-                cute.arch.mbarrier_init(full + s, 1)
-                cute.arch.mbarrier_init(empty + s, consumers)
-            cute.arch.mbarrier_init_fence()
-    cute.arch.barrier()
-
-
-@cute.jit
-def produce_tiles(full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, ntiles: Int32, tok0: Int32,
-                  tok_end: Int32, slot0: Int64, v_row0: Int64, row_step: Int64, images: tuple, smalls: tuple,
-                  stage: cutlass.Constexpr[int], off_v: cutlass.Constexpr[int], vstr: cutlass.Constexpr[int],
-                  fixed_tx: cutlass.Constexpr[int], v_bytes: cutlass.Constexpr[int]):
-    """The producer warp of K2 and pre_scan: per tile, wait for the stage to be free, arm it with the
-    exact bytes of its copies, and issue them (three elected regions: arm + raw images, the small
-    per-tile tensors, the m valid v rows).
-
-    images: ((smem offset, global base), ...) of 4 KiB raw tile images; smalls: ((smem offset,
-    global base, bytes), ...) of per-slot tensors; v rows start at v_row0 + token * row_step.
-    """
-    for i in cutlass.range(ntiles, unroll=1):
-        s = i % STAGES
-        cute.arch.mbarrier_wait(empty + s, ((i // STAGES) & 1) ^ 1)
-        start = tok0 + i * CHUNK
-        m = cutlass.min(tok_end - start, CHUNK)
-        slot = slot0 + Int64(i)
-        sb = buf_addr + s * stage
-        fb = (full + s).toint()
-        with cute.arch.elect_one():
-            cute.arch.mbarrier_arrive_and_expect_tx(full + s, fixed_tx + m * v_bytes)
-            for off, base in images:
-                bulk_g2s(sb + off, base + slot * TILE_BYTES, TILE_BYTES, fb)
-        with cute.arch.elect_one():
-            for off, base, nbytes in smalls:
-                bulk_g2s(sb + off, base + slot * nbytes, nbytes, fb)
-        with cute.arch.elect_one():
-            vrow = v_row0 + Int64(start) * row_step
-            for r in cutlass.range(m, unroll=1):
-                bulk_g2s(sb + off_v + r * vstr, vrow + Int64(r) * row_step, v_bytes, fb)
-
-
-def solve_u_fragment(acc, v_words, bs0, bs1, a_inv, zero):
-    """Q2 + Q3 for one n-block, shared by K2 and pre_scan's two chains (spec 4.6 needs them
-    bit-identical): u = bf(acc), r = bf(bf(v - u) * bsig), U = bf(acc32(INV r)); returns U as the
-    B fragment of the next MMAs (movmatrix'd bf16 pairs). `v_words()` emits the reads of the two
-    packed v words (rows g and g + 8) where K2 has them; None is pre_scan's M-chain, v = 0."""
-    u0, u1 = round_bf16x2(acc[0], acc[1])
-    u2, u3 = round_bf16x2(acc[2], acc[3])
-    if v_words is None:
-        v0 = v1 = v2 = v3 = zero
-    else:
-        vw0, vw1 = v_words()
-        v0, v1 = unpack_bf16x2(vw0)
-        v2, v3 = unpack_bf16x2(vw1)
-    d0, d1 = round_bf16x2(sub_rn(v0, u0), sub_rn(v1, u1))
-    d2, d3 = round_bf16x2(sub_rn(v2, u2), sub_rn(v3, u3))
-    r_lo = pack_bf16x2(mul_rn(d0, bs0), mul_rn(d1, bs0))
-    r_hi = pack_bf16x2(mul_rn(d2, bs1), mul_rn(d3, bs1))
-    uu = mma_bf16_16816(a_inv, (movmatrix_t(r_lo), movmatrix_t(r_hi)), (zero, zero, zero, zero))
-    return movmatrix_t(pack_bf16x2(uu[0], uu[1])), movmatrix_t(pack_bf16x2(uu[2], uu[3]))
-
-
-def state_words_step(w0, w1, gam0, gam1, ds):
-    """Q5 on one lane's two packed bf16 state words (rows g and g + 8 of an m-block):
-    bf(fma(S, gamma, ds)) with fp32 math, shared by K2 and pre_scan's S-chain (spec 4.6 needs the
-    two bit-identical). Returns the new words; the caller keeps them and stores them for Q1."""
-    s0, s1 = unpack_bf16x2(w0)
-    s2, s3 = unpack_bf16x2(w1)
-    return (pack_bf16x2(fma_rn(s0, gam0, ds[0]), fma_rn(s1, gam0, ds[1])),
-            pack_bf16x2(fma_rn(s2, gam1, ds[2]), fma_rn(s3, gam1, ds[3])))
 
 
 def _store_exit_state(final_ptr, final_base, region, lane, col0, NB: int, NW: int, final_fp32: bool):

@@ -24,7 +24,7 @@ sequences and the kernel is one pass over 8 bytes each.
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, Int64
+from cutlass import Int32
 
 from .tile_ops import CHUNK, await_previous_grid, block_scan, clamp_token, tile_count
 

@@ -1,0 +1,51 @@
+"""The numbers both wings must agree on: head dimension, tile size, K2 value blocks, workspace slots.
+
+Stdlib only and free of package imports, for the same reason as abi_hash.py: the runtime imports
+it (validation, planner, workspace, cp_plan, reference), and the build loads this very file by path
+(build_kernels/runtime_files.py) for the registry and the kernels' tile constants, without
+importing the kda_aot package (whose modules need numpy / cuda.core). The build writes
+manifest_constants() into the manifest, and identity.py refuses a library whose manifest says
+otherwise: a library compiled with another tile or slot size would read the workspace wrongly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+# Manifest format the build writes and identity.py reads (3: adds the "constants" section).
+MANIFEST_FORMAT = 3
+
+D = 128  # head dimension, K = V = 128 only (spec 1.4)
+CHUNK = 16  # tokens per tile (spec 2.3); the 16x16 inverse and the gate range argument rely on it
+VALUE_BLOCKS = (128, 64, 32)  # value rows of the state per K2 / pre_scan CTA (the value-column split)
+
+WORKSPACE_ALIGN = 256  # every workspace region starts 256-byte aligned relative to the base
+TILE_IMAGE_BYTES = CHUNK * D * 2  # one raw 16x128 bf16 tile image (docs/kernel_abi.md)
+
+# Bytes per (head, tile) slot of each workspace region, in the order the regions are laid out
+# (docs/kernel_abi.md): K1 writes them, K2 and pre_scan copy them into their stages.
+SLOT_BYTES = (
+    ("qd", TILE_IMAGE_BYTES),  # 4096: raw image of Qd
+    ("kd", TILE_IMAGE_BYTES),  # 4096: raw image of Kd
+    ("kr", TILE_IMAGE_BYTES),  # 4096: raw image of Kr
+    ("gt", D * 4),  # 512: fp32 gamma per key channel
+    ("inv", CHUNK * CHUNK * 2),  # 512: bf16 (I+L)^-1, 16x16
+    ("mqk", CHUNK * CHUNK * 2),  # 512: bf16 causal Qd Ki^T, 16x16
+    ("bsig", CHUNK * 2),  # 32: bf16 sigma(beta) per row
+)
+SLOT = dict(SLOT_BYTES)
+
+STATE_BYTES = D * D * 4  # one fp32 [V, K] state: the CP scratch per (segment, head)
+
+
+def manifest_constants() -> Dict[str, Any]:
+    """The constants as the manifest records them (JSON types: lists, not tuples), so that
+    a manifest read back compares equal to this."""
+    return {
+        "D": D,
+        "CHUNK": CHUNK,
+        "VALUE_BLOCKS": list(VALUE_BLOCKS),
+        "WORKSPACE_ALIGN": WORKSPACE_ALIGN,
+        "SLOT_BYTES": [[name, nbytes] for name, nbytes in SLOT_BYTES],
+        "STATE_BYTES": STATE_BYTES,
+    }
