@@ -17,6 +17,7 @@ from typing import Any, Optional, Sequence, Tuple
 import numpy as np
 
 from . import __version__, call_plan, streams
+from .abi_constants import D
 from .call_plan import CallPlan, UnsafePointers
 from .loader import CudaError, KdaError, get_library, library_dir
 from .program import SLOT, pack_inputs
@@ -26,7 +27,6 @@ from .validation import (ALIGNMENT, _host_entries, check_cu_seqlens_host, check_
                          int_entries, validate_prefill)
 from .workspace import ARENA
 
-D = 128
 _TENSOR_ARGS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens", "out", "final_state",
                 "workspace")
 _VALIDATE_MODES = ("device", "host")

@@ -18,12 +18,11 @@ from operator import itemgetter, or_
 from typing import Optional, Sequence, Tuple
 
 from . import cp_plan, launcher
+from .abi_constants import D, WORKSPACE_ALIGN
 from .launcher import Launch, Segmentation
 from .program import SLOT
 from .validation import Problem
 
-D = 128
-WORKSPACE_ALIGN = 256  # every workspace region is 256-byte aligned relative to the base
 
 
 class UnsafePointers(Exception):

@@ -15,7 +15,8 @@ import warnings
 
 import torch
 
-D = 128
+from .abi_constants import D
+
 _REQUIRED_FLAGS = ("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel", "safe_gate")
 _BF16_INPUTS = ("q", "k", "v", "g", "beta")
 

@@ -32,9 +32,9 @@ from typing import List, Optional, Tuple
 
 import torch  # absolute: the top-level torch, not this module
 
+from .abi_constants import D
 from . import api
 
-D = 128
 
 # Inductor must hand the kernels the strides eager code would (contiguous inputs), never a
 # layout of its own choosing: the validation wall refuses non-contiguous tensors.
