@@ -125,9 +125,12 @@ def _k2_segments() -> List[Variant]:
     variants = []
     for name, dtype in (("bf16", "bfloat16"), ("f32", "float32")):
         for vb in VALUE_BLOCKS:
-            args = (ptr("v", "bfloat16"), ptr("out", "bfloat16")) + WORKSPACE_ARGS + SEQ_ARGS + (
-                    ptr("carries", "float32"), ptr("final_state", dtype), ptr("final_slot", "int32", 4)) + SIZE_ARGS + (
-                    STREAM,)
+            # The segment tables stand where the sequence tables stand in K2, under their own names
+            # (the host entry's parameter names: tests/test_build_ptx.py compares them).
+            args = (ptr("v", "bfloat16"), ptr("out", "bfloat16")) + WORKSPACE_ARGS + (
+                    ptr("seg_start", "int32", 4), ptr("seg_prefix", "int32", 4), ptr("carries", "float32"),
+                    ptr("final_state", dtype), ptr("final_slot", "int32", 4), scalar("t_total", "i32"),
+                    scalar("n_seg", "i32"), scalar("n_heads", "i32"), scalar("cap", "i32"), STREAM)
             variants.append(Variant(f"k2_segments_{name}_vb{vb}", "k2_recurrence", "k2_segments", args,
                                     constants=(("final_fp32", dtype == "float32"), ("value_block", vb))))
     return variants

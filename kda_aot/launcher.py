@@ -166,7 +166,8 @@ def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count:
         prog.add(k2.name, dict(common, initial_state=ws(off["carries"]), final_state=NULL, **sizes))
     else:
         dtype = "f32" if problem.state_dtype == "float32" else "bf16"
-        prog.add(f"k2_segments_{dtype}_vb{vb}", dict(common, carries=ws(off["carries"]),
-                                                     final_state=Ref("final_state"),
-                                                     final_slot=ws(off["final_slot"]), **sizes))
+        prog.add(f"k2_segments_{dtype}_vb{vb}", dict(
+            v=Ref("v"), out=Ref("out"), **_workspace_args(off), seg_start=ws(off["seq_start"]),
+            seg_prefix=ws(off["tile_prefix"]), carries=ws(off["carries"]), final_state=Ref("final_state"),
+            final_slot=ws(off["final_slot"]), t_total=t_total, n_seg=S, n_heads=H, cap=cap, stream=STREAM))
     return Launch(prog.finish(), layout.nbytes, "cp", seg)

@@ -5,6 +5,7 @@ every non-tensor bulk copy is issued under an elect.sync (an un-elected global->
 deadlocks on DSL 4.8.x), nothing spills to local memory, and the intended instructions are there.
 """
 
+import importlib
 import re
 import sys
 from pathlib import Path
@@ -105,3 +106,16 @@ def test_ptx_check_finds_identical_and_changed_kernels(tmp_path, capsys):
     saved.write_text(saved.read_text().replace("ex2.approx", "ex2.approx.changed", 1))
     assert ptx_check.main(["--compare", str(tmp_path), "--only", *only]) == 1
     assert "differ: approx_ex2" in capsys.readouterr().out
+
+
+def test_registry_arguments_are_the_host_entries_parameters():
+    """The manifest's argument list of every variant (names and order) is its host entry's
+    parameter list less the compile-time constants: the runtime matches arguments by these names."""
+    import inspect
+
+    for variant in all_variants():
+        module = importlib.import_module(f"build_kernels.kernels.{variant.module}")
+        entry = getattr(module, variant.entry)
+        params = list(inspect.signature(getattr(entry, "__wrapped__", entry)).parameters)
+        constants = {name for name, _ in variant.constants}
+        assert [p for p in params if p not in constants] == [a.name for a in variant.args], variant.name

@@ -194,7 +194,7 @@ def test_cp_auto_cuts_on_the_device(rec, hint):
     segs = cp_plan.device_segment_tables([0, 8192, 10240], 10240, *want)
     assert sum(segs[4]) == 15  # seg_count: 12 + 3
     k2 = rec.last[-1].args
-    assert k2["n_seq"] == want[3] and k2["final_state"] == x["final_state"].ptr
+    assert k2["n_seg"] == want[3] and k2["final_state"] == x["final_state"].ptr
     assert rec.last[2].args["n_scan"] == want[3] - 2
 
 
