@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is a build-time dependency")
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # build_kernels lives only in the source tree
+sys.path.append(str(REPO))  # build_kernels lives only in the source tree (appended: kda_aot stays the installed one)
 
 from build_kernels import compile as kc  # noqa: E402
 from build_kernels.registry import all_variants  # noqa: E402

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # build_kernels lives only in the source tree
+sys.path.append(str(ROOT))  # build_kernels lives only in the source tree (appended: kda_aot stays the installed one)
 from build_kernels import abi, runtime_files  # noqa: E402
 from build_kernels.registry import all_variants  # noqa: E402
 from kda_aot import abi_constants, identity, loader  # noqa: E402

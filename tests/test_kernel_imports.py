@@ -12,7 +12,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 KERNELS = REPO / "build_kernels" / "kernels"
-sys.path.insert(0, str(REPO))  # build_kernels lives only in the source tree; registry.py is stdlib only
+sys.path.append(str(REPO))  # build_kernels lives only in the source tree (appended: kda_aot stays the installed one); registry.py is stdlib only
 
 from build_kernels.registry import all_variants  # noqa: E402
 
