@@ -178,13 +178,17 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep-cp", action="store_true",
                         help="time forced CP segment counts x value splits on the CP suite (planner tuning)")
     args = parser.parse_args(argv)
+    # Checked before anything is imported or allocated: a machine that cannot run the benchmark
+    # gets one line and exit status 2, not a traceback (kda_aot/cli_checks.py).
+    from .cli_checks import cannot_run, gpu_problem, torch_problem
+
+    problem = torch_problem() or gpu_problem()
+    if problem:
+        return cannot_run("python -m kda_aot.bench", problem)
     import torch
 
     import kda_aot
 
-    if not torch.cuda.is_available():
-        print("the benchmark needs a CUDA GPU")
-        return 2
     cases = {"serial": SERIAL_SUITE, "cp": CP_SUITE, "all": SERIAL_SUITE + CP_SUITE}[args.suite]
     if args.sweep_cp:
         return sweep_cp(args)
