@@ -39,7 +39,7 @@ class Problem:
     N: int  # number of sequences: B, or len(cu_seqlens) - 1
     varlen: bool
     cu_dtype: Optional[str]  # "int32" / "int64" / None
-    state_dtype: Optional[str]  # "bfloat16" / "float32" / None (spec 1.4 state dtype rule)
+    state_dtype: Optional[str]  # "bfloat16" / "float32" / None (docs/algorithm.md §1.4 state dtype rule)
     has_initial: bool
     has_final: bool
     scale: float
@@ -49,7 +49,7 @@ class Problem:
 
     @property
     def empty(self) -> bool:
-        """No tokens or no heads: the launcher has nothing to run (spec 1.4, empty-work decision)."""
+        """No tokens or no heads: the launcher has nothing to run (docs/algorithm.md §1.4, empty-work decision)."""
         return self.B == 0 or self.T == 0 or self.H == 0
 
 

@@ -2,7 +2,7 @@
 
 Everything here works on raw 32-bit shared-memory addresses (`Pointer.toint()` of an smem pointer),
 64-bit global addresses and packed 32-bit registers, so the caller controls every layout exactly
-(raw tile images, spec 4.8). Conventions for `mma.sync.m16n8k16` fragments (PTX ISA, "Matrix
+(raw tile images, docs/algorithm.md §4.8). Conventions for `mma.sync.m16n8k16` fragments (PTX ISA, "Matrix
 fragments for mma.m16n8k16"), with g = lane >> 2 and q = lane & 3:
 
 * A (16x16, row): a0 = (row g, cols 2q..2q+1), a1 = (row g+8, same cols), a2 = (row g, cols 8+2q..),
@@ -19,7 +19,7 @@ registers between chained products.
 
 Memory-touching helpers are marked as having side effects so LLVM never moves them across barriers;
 ptxas still schedules the SASS. Arithmetic helpers use explicit `.rn` so ptxas cannot contract a
-separately rounded multiply and add into an fma (spec 2.4 rounds every op on its own).
+separately rounded multiply and add into an fma (docs/algorithm.md §2.4 rounds every op on its own).
 """
 
 from typing import Optional, Tuple
@@ -247,7 +247,7 @@ def stg_f32_pair_from_bf16(addr0: Int64, addr1: Int64, w: Int32, *, loc: Optiona
 
 
 # --------------------------------------------------------------------------------------------
-# non-tensor bulk copy (caller must elect exactly one lane, cutedsl_guide.md section 5)
+# non-tensor bulk copy (caller must elect exactly one lane, docs/build.md §3)
 
 
 @dsl_user_op

@@ -3,7 +3,7 @@
 import cutlass
 import cutlass.cute as cute
 
-CHUNK = 16  # tokens per tile (spec 2.3); the 16x16 inverse and the gate range argument rely on it
+CHUNK = 16  # tokens per tile (docs/algorithm.md §2.3); the 16x16 inverse and the gate range argument rely on it
 D = 128  # head dimension, K = V = 128
 
 
@@ -27,7 +27,7 @@ def await_previous_grid():
 
 
 def raw_tile_layout():
-    """(16, 128) -> element offset of the raw 4 KiB tile image (docs/kernel_abi.md, spec 4.8).
+    """(16, 128) -> element offset of the raw 4 KiB tile image (docs/kernel_abi.md, docs/algorithm.md §4.8).
 
     8x8 core matrices of 128 bytes; core matrix (mi, ki) starts at element 64*(mi + 2*ki), rows of
     8 elements inside it. Call inside a @cute.jit / @cute.kernel context.
@@ -39,7 +39,7 @@ def raw_tile_layout():
 # Device helpers shared by K1 / K2 / pre_scan (names are stable: other kernels import them).
 #
 # PTX the DSL does not wrap (movmatrix, mma.sync on raw registers, packed f16 arithmetic) or whose
-# exact form matters for the rounding recipe (spec 2.4: .rn arithmetic that ptxas must not fuse
+# exact form matters for the rounding recipe (docs/algorithm.md §2.4: .rn arithmetic that ptxas must not fuse
 # into fma, the .approx.ftz transcendental forms) goes through inline asm. Register fragments are
 # plain 32-bit words (Uint32) holding two 16-bit values, low half = lower column index, which is
 # the mma.sync / ldmatrix / movmatrix convention.
@@ -88,7 +88,7 @@ def ex2_approx_ftz(x, *, loc=None, ip=None) -> Float32:
 
 @dsl_user_op
 def tanh_approx(x, *, loc=None, ip=None) -> Float32:
-    """tanh.approx.f32 (the only PTX form; used by the sigmoid of spec 2.4)."""
+    """tanh.approx.f32 (the only PTX form; used by the sigmoid of docs/algorithm.md §2.4)."""
     return Float32(_asm([T.f32()], [_ir(x, Float32, loc, ip)], "tanh.approx.f32 $0, $1;", "=f,f",
                         False, loc, ip))
 
@@ -122,7 +122,7 @@ def ffma_rn(a, b, c, *, loc=None, ip=None) -> Float32:
 
 
 def sigmoid_tanh(x) -> Float32:
-    """sigma~(x) = fma(tanh.approx(0.5 x), 0.5, 0.5) (spec 2.4, FlashKDA's fast sigmoid)."""
+    """sigma~(x) = fma(tanh.approx(0.5 x), 0.5, 0.5) (docs/algorithm.md §2.4, FlashKDA's fast sigmoid)."""
     return ffma_rn(tanh_approx(fmul_rn(x, Float32(0.5))), Float32(0.5), Float32(0.5))
 
 
@@ -245,7 +245,7 @@ def mma_m16n8k16_f16_f16(a, b, c, *, loc=None, ip=None):
 
 
 # --- non-tensor bulk copies (cp.async.bulk) -----------------------------------------------------
-# 4.8.1 does NOT elect a lane inside cute.copy for these atoms (cutedsl_guide 0/5): the caller
+# 4.8.1 does NOT elect a lane inside cute.copy for these atoms (docs/build.md §3): the caller
 # decides who issues. One issue per copy: wrap in exactly one elect_one, or give each lane its own
 # copy. Both tensors are flat byte ranges: 16-B aligned, size a multiple of 16.
 
