@@ -1,6 +1,6 @@
 """Compile one variant for sm_90a and export it as a C object, with a cache keyed by source hash.
 
-Facts this relies on (shared/design/aot_pipeline.md): no GPU is needed; CUTE_DSL_ARCH must match
+Facts this relies on (docs/build.md §1): no GPU is needed; CUTE_DSL_ARCH must match
 --gpu-arch or export_to_c fails; the host code must target generic x86-64; the output is
 byte-identical across runs, so a cache hit is as good as a rebuild.
 """
@@ -18,7 +18,7 @@ from typing import List
 from .registry import Arg, Variant
 
 ARCH = "sm_90a"
-os.environ["CUTE_DSL_ARCH"] = ARCH  # before the DSL is imported (aot_pipeline.md)
+os.environ["CUTE_DSL_ARCH"] = ARCH  # before the DSL is imported (docs/build.md §1)
 
 import cuda.bindings.driver as cuda  # noqa: E402
 import cutlass  # noqa: E402

@@ -137,14 +137,14 @@ def _k2_segments() -> List[Variant]:
 
 
 def _approx() -> List[Variant]:
-    """Test-only: the PTX approximations of spec 2.4 for the GPU reference (x in, y out, n elements)."""
+    """Test-only: the PTX approximations of docs/algorithm.md §2.4 for the GPU reference (x in, y out, n elements)."""
     args = (ptr("x", "float32", 4), ptr("y", "float32", 4), scalar("n", "i32"), STREAM)
     return [Variant(f"approx_{name}", "approx_math", "approx_math", args, constants=(("op", op),))
             for op, name in enumerate(("ex2", "tanh", "rsqrt"))]
 
 
 def _cp_merge() -> List[Variant]:
-    """CP merge (spec 4.4): carries from m_seg, b_seg and the initial state; fp32 [n_seg, H, 128, 128]."""
+    """CP merge (docs/algorithm.md §4.4): carries from m_seg, b_seg and the initial state; fp32 [n_seg, H, 128, 128]."""
     variants = []
     for name, has_initial, state_fp32 in (("nostate", False, True), ("bf16", True, False), ("f32", True, True)):
         args = (ptr("m_seg", "float32"), ptr("b_seg", "float32"),
@@ -157,7 +157,7 @@ def _cp_merge() -> List[Variant]:
 
 
 def _cp_pre_scan() -> List[Variant]:
-    """CP pre_scan (spec 4.3): per non-last segment and head, B_j and M_j as fp32 [n_seg, H, 128, 128]."""
+    """CP pre_scan (docs/algorithm.md §4.3): per non-last segment and head, B_j and M_j as fp32 [n_seg, H, 128, 128]."""
     args = (ptr("v", "bfloat16"), ptr("ws_kd", "uint8"), ptr("ws_kr", "uint8"), ptr("ws_gt", "float32"),
             ptr("ws_inv", "bfloat16"), ptr("ws_bsig", "bfloat16"), ptr("seq_start", "int32", 4),
             ptr("tile_prefix", "int32", 4), ptr("scan_seg", "int32", 4), ptr("b_seg", "float32"),

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Set up and run the main job: the demo (prefill on a default problem, checked against the
-# float64 reference; on a machine without a Hopper GPU it runs the CPU reference instead).
-#   bash ci/demo.sh [demo args...]
+# Set up and run the main job: the demo (prefill on a default problem, checked against the GPU
+# reference and the float64 reference; on a machine without a Hopper GPU it says so and runs the
+# CPU reference instead).
+#   bash ci/demo.sh [demo args...]      (python -m kda_aot.demo --help lists them)
+# Works in the checkout's own virtual environment .venv/ (ci/venv.sh), shared with ci/test.sh.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
-# torch drives the demo; keep an installed one, else take the CPU build that lies on disk here.
-python3 -c "import torch" 2>/dev/null || python3 -m pip install -q "torch==2.13.0"
-python3 -m pip install -q .
+source "$REPO/ci/venv.sh"
+venv_setup demo.sh
+venv_ensure_torch  # the demo's inputs and references are torch tensors
+venv_install_package .
+say "python -m kda_aot.demo $*"
 cd /tmp  # run the installed package, not the source tree
-python3 -m kda_aot.demo "$@"
+"$PY" -m kda_aot.demo "$@"

@@ -389,18 +389,47 @@ def empty_cache() -> None:
         _PLANS.clear()
 
 
-def info() -> dict:
-    """Version, build manifest, library path and the CUDA devices found (or why none)."""
-    result = {"version": __version__, "library_dir": str(library_dir())}
+def info(full: bool = False) -> dict:
+    """What is installed and whether it can run, as a small dict.
+
+    Always: version; then either library=None and error (why the library did not load), or
+    library (its path), flavour (CUDA flavour, cu12 or cu13), dsl_version, git_revision,
+    kernel_count and devices (visible CUDA devices), with device_error saying why when there are
+    none. full=True adds library_dir, manifest (the whole build record) and kernels (the names).
+    """
+    # The manifest alone is some 40 kernel records: printing info() must stay readable, so the
+    # record is only returned on request.
+    result = {"version": __version__}
     try:
         lib = get_library()
     except (KdaError, OSError) as exc:
         result.update(library=None, error=str(exc))
+        if full:
+            result["library_dir"] = str(library_dir())
         return result
-    result.update(library=str(lib.path), manifest=lib.manifest, kernels=sorted(lib.kernels))
+    manifest = lib.manifest
+    result.update(library=str(lib.path), flavour=manifest.get("cuda_flavour"),
+                  dsl_version=manifest.get("dsl_version"), git_revision=manifest.get("git_revision"),
+                  kernel_count=len(lib.kernels))
     try:
         result["devices"] = lib.device_count()
     except CudaError as exc:
+        import ctypes
+        import ctypes.util
+
         result["devices"] = 0
-        result["device_error"] = str(exc)
+        # The runtime dlopens libcuda.so.1 (the name the driver installs), so loading that name is
+        # the test; find_library also sees a libcuda.so that only ldconfig knows.
+        try:
+            ctypes.CDLL("libcuda.so.1")
+            driver_present = True
+        except OSError:
+            driver_present = ctypes.util.find_library("cuda") is not None
+        # CUDA's static runtime answers error 35 (cudaErrorInsufficientDriver) both for an old
+        # driver and for no driver at all; only the absence of libcuda tells the two apart. The
+        # CUDA error stays in the text: scripts match its number (ci/check_wheel.sh).
+        result["device_error"] = (f"no NVIDIA driver found (libcuda.so.1 cannot be loaded); {exc}"
+                                  if not driver_present else str(exc))
+    if full:
+        result.update(library_dir=str(library_dir()), manifest=manifest, kernels=sorted(lib.kernels))
     return result

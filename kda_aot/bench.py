@@ -2,7 +2,7 @@
 
     python -m kda_aot.bench [--suite serial|cp|all] [--iters 100] [--warmup 20] [--md FILE]
 
-Method (shared/design/peers_h200.md): random inputs (q, k, v, g, beta ~ N(0,1) bf16, A_log and
+Method (docs/benchmarks.md; inputs of docs/algorithm.md §5.2): random inputs (q, k, v, g, beta ~ N(0,1) bf16, A_log and
 dt_bias ~ U(0,1), lower_bound -5), bf16 initial and final state, median of `iters` CUDA-event
 timings after `warmup` calls. The memory floor is the bytes prefill must move (q, k, v, g, out,
 beta, states) over the device-to-device copy bandwidth measured in the same run. Needs torch and a
@@ -18,7 +18,7 @@ from typing import Callable, List, Sequence
 
 SERIAL_SUITE = [(H, lens) for H in (64, 96) for lens in ([8192], [1300, 547, 2048, 963, 271, 3063], [1024] * 8)]
 CP_SUITE = [(H, lens) for H in (4, 8) for lens in ([8192], [8192, 2048], [16384])]
-# FlashKDA on the same kind of H200 (peers_h200.md), for the table's last column.
+# FlashKDA on the same kind of H200 (FlashKDA's published times, docs/benchmarks.md), for the table's last column.
 FLASHKDA_MS = {(64, "8192"): 1.214, (64, "uneven6"): 0.991, (64, "8x1024"): 0.790,
                (96, "8192"): 1.417, (96, "uneven6"): 1.367, (96, "8x1024"): 1.173,
                (4, "8192"): 0.816, (4, "8192+2048"): 0.821, (4, "16384"): 1.603,
@@ -178,13 +178,17 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep-cp", action="store_true",
                         help="time forced CP segment counts x value splits on the CP suite (planner tuning)")
     args = parser.parse_args(argv)
+    # Checked before anything is imported or allocated: a machine that cannot run the benchmark
+    # gets one line and exit status 2, not a traceback (kda_aot/cli_checks.py).
+    from .cli_checks import cannot_run, gpu_problem, torch_problem
+
+    problem = torch_problem() or gpu_problem()
+    if problem:
+        return cannot_run("python -m kda_aot.bench", problem)
     import torch
 
     import kda_aot
 
-    if not torch.cuda.is_available():
-        print("the benchmark needs a CUDA GPU")
-        return 2
     cases = {"serial": SERIAL_SUITE, "cp": CP_SUITE, "all": SERIAL_SUITE + CP_SUITE}[args.suite]
     if args.sweep_cp:
         return sweep_cp(args)

@@ -34,7 +34,7 @@ from .validation import int_entries, parse_cp
 
 DEFAULT_SM_COUNT = 132  # H100 SXM / H200
 AUTO_MIN_SEG_TILES = 32  # shortest segment split_balanced makes (512 tokens)
-RERUN_RATIO = 3  # pre_scan + segmented K2 cost relative to serial K2, per tile (spec 4.7)
+RERUN_RATIO = 3  # pre_scan + segmented K2 cost relative to serial K2, per tile (docs/algorithm.md §4.7)
 MIN_SEG_TILES = 4  # shortest segment a manual plan makes
 INT32_MAX = 2 ** 31 - 1
 
@@ -53,7 +53,7 @@ def _ceil_div(a: int, b: int) -> int:
 class CPPlan:
     """Segments of every sequence; see the module docstring for the tables' meaning.
 
-    `P`, `target`, `load`, `serial_wall` and `cp_wall` are the numbers of spec 4.1 that the
+    `P`, `target`, `load`, `serial_wall` and `cp_wall` are the numbers of docs/algorithm.md §4.1 that the
     decision was made from (None for mode "off", where nothing was computed).
     """
 
@@ -164,7 +164,7 @@ def _check_mode(mode) -> CpMode:
 
 
 # ------------------------------------------------------------------------------------------------
-# spec 4.1
+# docs/algorithm.md §4.1
 
 def concurrent_slots(num_heads: int, sm_count: int) -> int:
     """P: segments that run at once when each takes H CTAs (one per head) of `sm_count` SMs."""
@@ -182,7 +182,7 @@ def balanced_counts(seq_tiles: Sequence[int], num_heads: int, sm_count: int) -> 
 def fit_to_slots(seq_tiles: Sequence[int], counts: Sequence[int], P: int) -> List[int]:
     """Fewer, slightly longer segments when split_balanced makes more than the P that run at once.
 
-    Deviation from spec 4.1, settled by measurement (docs/cp_tuning.md): for H=8 [8192, 2048]
+    Deviation from docs/algorithm.md §4.1, settled by measurement (docs/cp_tuning.md): for H=8 [8192, 2048]
     split_balanced gives 13 + 4 = 17 segments for P = 16 slots, so 8 x 17 = 136 K2 CTAs share
     132 SMs and the call took 0.244 ms; 12 + 3 segments of at most 43 tiles take 0.213 ms.
 
@@ -351,7 +351,7 @@ def final_slots(plan: CPPlan) -> List[int]:
 
 def non_last_segments(plan: CPPlan, longest_first: bool = False) -> List[int]:
     """Segments pre_scan must process (all but each sequence's last), ascending, or longest
-    first (ties by index) for the launch order of spec 4.3."""
+    first (ties by index) for the launch order of docs/algorithm.md §4.3."""
     segs = [first + i for first, n in plan.per_seq for i in range(n - 1)]
     if longest_first:
         tiles = plan.segment_tiles

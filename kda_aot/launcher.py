@@ -1,7 +1,7 @@
 """The kernel sequence of a validated problem, as a Program (program.py).
 
 serial: sequence tables -> K1 -> K2.
-CP (spec 4): segment tables -> K1 over the segments -> pre_scan -> merge -> segmented K2, whose
+CP (docs/algorithm.md §4): segment tables -> K1 over the segments -> pre_scan -> merge -> segmented K2, whose
 last segments write the final states.
 
 Everything here depends only on the problem's shapes and options, never on a pointer: a call
@@ -29,7 +29,7 @@ WS_REGIONS = ("qd", "kd", "kr", "gt", "inv", "mqk", "bsig")
 
 
 def gate_constant(lower_bound: float) -> float:
-    """c = f32(lb * LOG2E): the product is formed in double and rounded once (spec 2.4 P2)."""
+    """c = f32(lb * LOG2E): the product is formed in double and rounded once (docs/algorithm.md §2.4 P2)."""
     return float(np.float32(lower_bound * LOG2E))
 
 
@@ -100,7 +100,7 @@ def serial_launch(lib: KernelLibrary, problem: Problem, sm_count: int, value_spl
                                value_split_override=value_split)
     prog = Program(lib, problem.device_id)
     if problem.N == 0 or problem.H == 0:
-        return Launch(prog.finish(), 0, "empty")  # nothing to compute or write (spec 1.4)
+        return Launch(prog.finish(), 0, "empty")  # nothing to compute or write (docs/algorithm.md §1.4)
     cap = plan.tile_capacity
     layout = serial_layout(problem)
     off = layout.pointers(0)

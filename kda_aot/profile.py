@@ -24,6 +24,12 @@ def main(argv=None) -> int:
     parser.add_argument("--cprofile", type=int, default=0, metavar="N",
                         help="also print the N Python functions with the most host time (cProfile)")
     args = parser.parse_args(argv)
+    # One line and exit status 2 where it cannot run, not a traceback (kda_aot/cli_checks.py).
+    from .cli_checks import cannot_run, gpu_problem, torch_problem
+
+    problem = torch_problem() or gpu_problem()
+    if problem:
+        return cannot_run("python -m kda_aot.profile", problem)
     import torch
     from torch.profiler import ProfilerActivity, profile
 

@@ -1,4 +1,4 @@
-"""Torch references for KDA prefill (kda_spec.md §2): the float64 gold and the chunked algorithm.
+"""Torch references for KDA prefill (docs/algorithm.md §2): the float64 gold and the chunked algorithm.
 
 Three references, all on the inputs' device (CPU or CUDA):
 

@@ -40,7 +40,7 @@ class Problem:
     N: int  # number of sequences: B, or len(cu_seqlens) - 1
     varlen: bool
     cu_dtype: Optional[str]  # "int32" / "int64" / None
-    state_dtype: Optional[str]  # "bfloat16" / "float32" / None (spec 1.4 state dtype rule)
+    state_dtype: Optional[str]  # "bfloat16" / "float32" / None (docs/algorithm.md §1.4 state dtype rule)
     has_initial: bool
     has_final: bool
     scale: float

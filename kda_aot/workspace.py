@@ -46,7 +46,7 @@ def workspace_layout(n_heads: int, tile_capacity: int, n_seq: int) -> WorkspaceL
 def cp_layout(n_heads: int, tile_capacity: int, n_seq: int, max_segments: int) -> WorkspaceLayout:
     """A CP call's workspace: K1's regions with the segment tables in place of the sequence tables
     (`seq_start` / `tile_prefix` sized for `max_segments`), the other segment tables the device
-    builds (cp_seg_tables), then the fp32 scratch of spec 4.7 for every possible segment."""
+    builds (cp_seg_tables), then the fp32 scratch of docs/algorithm.md §4.7 for every possible segment."""
     base = workspace_layout(n_heads, tile_capacity, max_segments)
     regions, offset = dict(base.regions), base.nbytes
     scratch = max_segments * n_heads * STATE_BYTES

@@ -1,6 +1,6 @@
 """Compile-only checks of the kernels' PTX, on the CPU (needs the DSL; skipped without it).
 
-What a hang or a silent slowdown would otherwise hide (cutedsl_guide.md sections 5 and 10):
+What a hang or a silent slowdown would otherwise hide (docs/build.md §3):
 every non-tensor bulk copy is issued under an elect.sync (an un-elected global->shared bulk copy
 deadlocks on DSL 4.8.x), nothing spills to local memory, and the intended instructions are there.
 """

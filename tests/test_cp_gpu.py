@@ -60,9 +60,9 @@ def test_cp_matches_serial(lib, H, name, segments):
     for what, got, want in (("output", o_cp, o_ser), ("final state", s_cp, s_ser)):
         rmse, rmax = _rel(got, want)
         assert rmse < 4e-3 and rmax < 1e-2, f"{what}: rel RMSE {rmse:.2e}, rel max {rmax:.2e}"
-    # The first segment of every sequence starts from the same state as serial: bitwise (spec 4.6).
+    # The first segment of every sequence starts from the same state as serial: bitwise (docs/algorithm.md §4.6).
     # With two segments and no initial state the second starts from B_0, serial's state bit for bit
-    # (spec 4.6 item 2), so the final states written by the last segments match serial exactly.
+    # (docs/algorithm.md §4.6 item 2), so the final states written by the last segments match serial exactly.
     if segments == 2 and state is None:
         assert torch.equal(s_cp, s_ser), "final states of 2-segment plans without initial state differ"
     plan = kda_aot.plan_prefill(lens, H, mode=segments)
@@ -90,7 +90,7 @@ def test_cp_close_to_float64_gold(lib):
 
     x = _inputs([8192, 2048], 2, seed=8, state="fp32")
     gen = torch.Generator(device="cuda").manual_seed(1)
-    for name in ("q", "k", "v"):  # FK's accuracy setting (spec 5.2)
+    for name in ("q", "k", "v"):  # FK's accuracy setting (docs/algorithm.md §5.2)
         x[name] = torch.rand(x[name].shape, generator=gen, device="cuda").to(torch.bfloat16)
     o, s = _run(x, 8)
     gold_o, gold_s = reference.gold_prefill(**x)

@@ -1,4 +1,4 @@
-"""The CP merge kernel (spec 4.4) on the GPU against float64 torch computations of the same recurrence.
+"""The CP merge kernel (docs/algorithm.md §4.4) on the GPU against float64 torch computations of the same recurrence.
 
 carry[first] = initial_state[n] widened to fp32 (0 without one); carry[first + i + 1] =
 carry[first + i] @ m_seg[first + i] + b_seg[first + i]. The kernel multiplies on TF32 tensor cores
@@ -7,7 +7,7 @@ carry[first + i] @ m_seg[first + i] + b_seg[first + i]. The kernel multiplies on
   * rel RMSE < 2e-5 per step against a float64 step from the kernel's own previous carry with both
     operands rounded to TF32 the same way (what remains is fp32 accumulation order only);
   * every carry slot overwritten (poisoned with NaN before the launch), the first carry exact, and,
-    without an initial state, carry[first + 1] == b_seg[first] exactly (spec 4.6, item 2);
+    without an initial state, carry[first + 1] == b_seg[first] exactly (docs/algorithm.md §4.6, item 2);
   * bitwise determinism over 5 runs.
 """
 
@@ -113,7 +113,7 @@ def test_cp_merge_matches_float64(name, counts, n_heads):
             assert torch.equal(got[f], p["init"][n].float()), f"seq {n}: first carry is not the initial state"
         else:
             assert torch.equal(got[f], torch.zeros_like(got[f])), f"seq {n}: first carry is not zero"
-            if c >= 2:  # 0 @ M + B == B exactly (spec 4.6, item 2)
+            if c >= 2:  # 0 @ M + B == B exactly (docs/algorithm.md §4.6, item 2)
                 assert torch.equal(got[f + 1], p["b"][f]), f"seq {n}: carry[first + 1] != b_seg[first]"
         for i in range(1, c):
             s = f + i

@@ -1,4 +1,4 @@
-"""CP planner (spec 4.1 / 4.5): pure Python, no GPU."""
+"""CP planner (docs/algorithm.md §4.1 / 4.5): pure Python, no GPU."""
 
 import random
 
@@ -100,7 +100,7 @@ def test_spec_worked_examples(H, lens, n_segs, max_seg, P, target, serial_wall, 
 
 
 def test_spec_split_balanced_before_the_slot_fit():
-    # spec 4.1's own row for H=8 [8192, 2048]: 13 + 4 segments, 17 > P = 16
+    # docs/algorithm.md §4.1's own row for H=8 [8192, 2048]: 13 + 4 segments, 17 > P = 16
     counts, P, target = cp_plan.balanced_counts([512, 128], 8, 132)
     assert (counts, P, target) == ([13, 4], 16, 40)
     assert cp_plan.fit_to_slots([512, 128], counts, P) == [12, 3]

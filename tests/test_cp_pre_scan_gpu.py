@@ -1,12 +1,12 @@
-"""CP pre_scan (spec 4.2, 4.3, 4.6) on the GPU.
+"""CP pre_scan (docs/algorithm.md §4.2, 4.3, 4.6) on the GPU.
 
 Segments are tile-aligned pieces of the sequences; the sequence tables and K1 run with the SEGMENT
 tables (segments in place of sequences, docs/kernel_abi.md), so the workspace holds exactly the tiles
 of the original sequences. pre_scan then runs over every segment that is not the last of its
 sequence (longest first, as the host orders them) and is checked for:
   (a) b_seg[j] bit-exact against K2 itself (k2_out_f32_vb{VB}: zero entry state, fp32 final state)
-      run over segment j alone: the spec 4.6 "S-chain == K2 arithmetic" requirement;
-  (b) m_seg[j] against the float64 product A_{c_1} ... A_{c_n} of spec 4.2 built from the workspace
+      run over segment j alone: the docs/algorithm.md §4.6 "S-chain == K2 arithmetic" requirement;
+  (b) m_seg[j] against the float64 product A_{c_1} ... A_{c_n} of docs/algorithm.md §4.2 built from the workspace
       quantities read back (A_c = Diag(gamma) - Kd^T Diag(bsig) INV^T Kr), rel RMSE < 1e-2;
   (c) composition: K2 run from an initial state S0 over the sequence up to the end of segment j
       equals the float64 chain carry <- carry @ M + B from bf(S0), rel RMSE < 1e-2;

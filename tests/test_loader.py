@@ -23,12 +23,42 @@ def test_library_matches_manifest():
 
 def test_info_reports_build_and_devices():
     info = kda_aot.info()
+    assert set(info) <= {"version", "library", "flavour", "dsl_version", "git_revision", "kernel_count",
+                         "devices", "device_error"}, "info() is the compact summary; the manifest is full=True's"
     assert info["version"] == kda_aot.__version__
     assert info["library"].endswith("libkda_kernels.so")
-    assert info["manifest"]["cuda_flavour"] in ("cu12", "cu13")
+    assert info["flavour"] in ("cu12", "cu13")
+    assert info["kernel_count"] == len(loader.get_library().kernels)
     assert isinstance(info["devices"], int)
     if info["devices"] == 0:
         assert "CUDA error" in info["device_error"]
+
+
+def test_info_full_adds_the_manifest():
+    info = kda_aot.info(full=True)
+    assert info["manifest"]["cuda_flavour"] == info["flavour"]
+    assert info["manifest"]["git_revision"] == info["git_revision"]
+    assert info["kernels"] == sorted(k["name"] for k in info["manifest"]["kernels"])
+    assert len(info["kernels"]) == info["kernel_count"]
+
+
+def test_info_says_when_there_is_no_driver():
+    """Without libcuda the runtime's error 35 reads 'driver version is insufficient'; info() must say
+    that no driver was found instead (and keep the CUDA error for scripts)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        pytest.skip("libcuda.so.1 loads here: a driver is installed")
+    except OSError:
+        pass
+    if ctypes.util.find_library("cuda"):
+        pytest.skip("a libcuda is known to ldconfig here")
+    info = kda_aot.info()
+    assert info["devices"] == 0
+    assert info["device_error"].startswith("no NVIDIA driver found"), info["device_error"]
+    assert "CUDA error 35" in info["device_error"]
 
 
 def test_no_driver_gives_a_clear_error():

@@ -74,7 +74,7 @@ def test_matches_gpu_reference(lib, gpu_approx, shape, H, state, split):
 
 
 def _fk_accuracy_inputs(shape, H, gate):
-    """FK's accuracy setting (spec 5.2): q, k, v ~ U(0,1), fp32 h0 ~ N(0,1), A_log = 0, gate sweep."""
+    """FK's accuracy setting (docs/algorithm.md §5.2): q, k, v ~ U(0,1), fp32 h0 ~ N(0,1), A_log = 0, gate sweep."""
     x = _inputs(shape, H, seed=5, state="fp32")
     gen = torch.Generator(device="cuda").manual_seed(3)
     for name in ("q", "k", "v"):
@@ -101,7 +101,7 @@ def test_close_to_float64_gold(lib, shape, H, gate):
     x = _fk_accuracy_inputs(shape, H, gate)
     o, s = _run(x)
     gold_o, gold_s = reference.gold_prefill(**x)
-    bound_o = 6e-3 if x["cu_seqlens"] is not None else 5e-3  # spec 5.3
+    bound_o = 6e-3 if x["cu_seqlens"] is not None else 5e-3  # docs/algorithm.md §5.3
     assert reference.rel_rmse(o, gold_o) < bound_o
     assert reference.rel_rmse(s, gold_s) < 5e-3
 
@@ -124,7 +124,7 @@ def test_random_inputs_close_to_gold(lib, shape, H):
 @pytest.mark.parametrize("shape,H", SHAPES_TO_8192)
 def test_weak_decay_error_is_the_recipe_error(lib, gpu_approx, shape, H):
     """g = -8 with A_log = 0 barely decays: the state integrates thousands of tokens and its bf16
-    storage (spec 3.4, FlashKDA's choice) dominates the error; FK treats ht as warn-only here.
+    storage (docs/algorithm.md §3.4, FlashKDA's choice) dominates the error; FK treats ht as warn-only here.
     The large state makes u = Kd S^T cancel, where the torch reference's tensor-core GEMM
     (cuBLAS blocking) and the kernel's mma.sync k-order may round differently, and with no decay
     such 1-ulp differences persist and grow in the state (measured on the H200 against the

@@ -1,4 +1,4 @@
-"""CPU tests of kda_aot.reference (kda_spec.md §2.2-2.5, §6): gold vs chunked, rounding emulation,
+"""CPU tests of kda_aot.reference (docs/algorithm.md §2.2-2.5, §6): gold vs chunked, rounding emulation,
 varlen/padding/isolation semantics. Small H and T so the file runs in well under a minute."""
 
 import pytest

@@ -196,7 +196,7 @@ def test_validate_host_checks_values_and_default_does_not_read_them():
 
 
 def test_empty_work_passes_the_initial_state_through():
-    """T = 0 with states: the final state equals the initial state rounded to bf16 (spec 1.4)."""
+    """T = 0 with states: the final state equals the initial state rounded to bf16 (docs/algorithm.md §1.4)."""
     for state in ("bf16", "fp32"):
         x = _inputs((2, 0), 3, seed=33, state=state)
         o, s = _dense_call(x)

@@ -23,7 +23,7 @@ NAMES = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "out", "initial_state",
 REQUIRED = ("q", "k", "v", "g", "beta", "A_log", "dt_bias")
 INPUTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens")
 
-# The spec's table (kda_spec 1.4 and build_kernels/registry.py), written out again here.
+# The spec's table (docs/algorithm.md §1.4 and build_kernels/registry.py), written out again here.
 ALLOWED = {"q": ("bfloat16",), "k": ("bfloat16",), "v": ("bfloat16",), "g": ("bfloat16",),
            "beta": ("bfloat16",), "out": ("bfloat16",), "A_log": ("float32",), "dt_bias": ("float32",),
            "initial_state": ("bfloat16", "float32"), "final_state": ("bfloat16", "float32"),

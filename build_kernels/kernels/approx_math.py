@@ -1,4 +1,4 @@
-"""Test-only kernel: the PTX approximations of spec 2.4 applied elementwise to fp32 arrays.
+"""Test-only kernel: the PTX approximations of docs/algorithm.md §2.4 applied elementwise to fp32 arrays.
 
 The GPU reference of the rounding recipe (tests) calls this to reproduce ex2.approx.ftz.f32,
 tanh.approx.f32 and rsqrt.approx.ftz.f32 bit for bit, from the same helpers the kernels use

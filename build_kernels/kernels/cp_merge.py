@@ -1,4 +1,4 @@
-"""CP merge (spec 4.4): resolve the true entry state of every segment of a context-parallel plan.
+"""CP merge (docs/algorithm.md §4.4): resolve the true entry state of every segment of a context-parallel plan.
 
 For each sequence n and head h, sequentially over the segments [first, first + count) of n:
 

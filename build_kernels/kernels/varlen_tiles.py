@@ -10,7 +10,7 @@ c is non-decreasing and inside [0, t_total], so every sequence is a (possibly em
 tokens, and tile_prefix[N] <= ceil(t_total / 16) + N - 1 < cap (docs/kernel_abi.md). For a valid
 cu_seqlens (0 = cu[0] <= cu[1] <= ... <= cu[N] = t_total) this is the identity: seq_start = cu.
 clamp(max(a, b)) = max(clamp(a), clamp(b)), so each thread clamps its own entry and the kernel
-max-scans the clamped values (spec 1.3: a sequence owns ceil(len/16) tiles and the global tile
+max-scans the clamped values (docs/algorithm.md §1.3: a sequence owns ceil(len/16) tiles and the global tile
 index of its tile j is tile_prefix[n] + j).
 
 Dense (`seq_tables_dense`): seq_start[n] = n*T, nothing to clamp (the host knows the shape).
