@@ -59,7 +59,7 @@ import kda_aot
 
 pkg = Path(kda_aot.__file__).resolve().parent
 assert not pkg.is_relative_to(Path(repo).resolve()), f"kda_aot imported from the source tree: {pkg}"
-info = kda_aot.info()
+info = kda_aot.info(full=True)
 assert info.get("library"), f"no library: {info.get('error')}"
 assert Path(info["library"]).resolve().parent == pkg / "_lib", f"library not from the wheel: {info['library']}"
 m = info["manifest"]

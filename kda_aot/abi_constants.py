@@ -15,8 +15,8 @@ from typing import Any, Dict
 # Manifest format the build writes and identity.py reads (3: adds the "constants" section).
 MANIFEST_FORMAT = 3
 
-D = 128  # head dimension, K = V = 128 only (spec 1.4)
-CHUNK = 16  # tokens per tile (spec 2.3); the 16x16 inverse and the gate range argument rely on it
+D = 128  # head dimension, K = V = 128 only (docs/algorithm.md §1.4)
+CHUNK = 16  # tokens per tile (docs/algorithm.md §2.3); the 16x16 inverse and the gate range argument rely on it
 VALUE_BLOCKS = (128, 64, 32)  # value rows of the state per K2 / pre_scan CTA (the value-column split)
 
 WORKSPACE_ALIGN = 256  # every workspace region starts 256-byte aligned relative to the base

@@ -1,4 +1,4 @@
-"""CP pre_scan (spec 4.2, 4.3, 4.6): per pre-scanned segment and head, the segment's affine transfer
+"""CP pre_scan (docs/algorithm.md §4.2, 4.3, 4.6): per pre-scanned segment and head, the segment's affine transfer
 S_end = S_start @ M_j + B_j in the [V, K] state orientation, for the CP merge (cp_merge.py).
 
 Grid (n_scan, n_heads, 128 // VB), VB = value_block in {128, 64, 32}. CTA (x, h, vb) handles segment
@@ -13,10 +13,10 @@ Two chains run per tile in the same MMA warps, sharing the stage (and the Kd / K
   and k order), Q2 r = bf(bf(v - u) * bsig) (v rows >= m forced to 0), Q3 U = bf(acc32(INV r)) via
   movmatrix, Q5 S^T = bf(fma(S^T, gamma, acc32(Kr^T U))). Each accumulator sees exactly K2's MMA
   sequence and rounding PTX (same ptx_ops helpers), warp w owns the same NW value columns as in K2,
-  so B_j is bit-identical to K2's final state run from zero over the same tiles (spec 4.6 item 2).
+  so B_j is bit-identical to K2's final state run from zero over the same tiles (docs/algorithm.md §4.6 item 2).
   b_seg[j, h, v, k] = f32(S^T[k, v]) (exact widening), written like K2's fp32 final state.
 
-* M-chain (M_j): spec 4.2 duality. With v := 0 the K2 step maps a K x K "state" X (rows play the value
+* M-chain (M_j): docs/algorithm.md §4.2 duality. With v := 0 the K2 step maps a K x K "state" X (rows play the value
   channels) to X A_c with A_c = Diag(gamma) - Kd^T Diag(bsig) INV^T Kr:
       u_X = Kd X^T (16 x K), U_X = INV Diag(bsig) (0 - u_X), X^T_new = Diag(gamma) X^T + Kr^T U_X,
   i.e. X_new = X Diag(gamma) - X Kd^T Diag(bsig) INV^T Kr = X A_c. From X_0 = I, after tiles c_1..c_n,
@@ -28,7 +28,7 @@ Two chains run per tile in the same MMA warps, sharing the stage (and the Kd / K
   acc32(Kr^T U_X)) with no bf16 rounding; the mirror is re-rounded from it after every tile.
 
 Orientation (what merge needs): merge computes carry[V, K] @ m_seg[K, K] + b_seg[V, K] with
-row-major [128, 128] blocks. With S_out = S_in A_c + B_c (S is V x K, spec 4.2), a segment gives
+row-major [128, 128] blocks. With S_out = S_in A_c + B_c (S is V x K, docs/algorithm.md §4.2), a segment gives
 S_end = S_start (A_{c_1} ... A_{c_n}) + B_j, so m_seg[j, h] must hold M_j = X_end with
 m_seg[j, h, a, b] = M_j[a, b] = X_end[a, b] = X^T_end[b, a]: row a = the X row ("value" index owned
 by the CTA/warp), column b = key index, the same [row = value, col = key] placement as b_seg (and

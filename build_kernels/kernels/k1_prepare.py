@@ -1,4 +1,4 @@
-"""K1 -- per-(tile, head) preparation of the chunked KDA workspace (spec 3.1, 3.2, 2.4 P1-P8, 4.8).
+"""K1 -- per-(tile, head) preparation of the chunked KDA workspace (docs/algorithm.md §3.1, 3.2, 2.4 P1-P8, 4.8).
 
 Grid (cap, H), 256 threads, one CTA per (global tile upper-bound index, head). A CTA binary-searches
 `tile_prefix` for its sequence, exits at once when its tile is past `tile_prefix[N]`, and otherwise
@@ -18,7 +18,7 @@ Stages and thread roles (warps w0..w7):
      w4-w7:    L2 norm (P1) of q (w4, w5) and k (w6, w7), 4 lanes per row, 4 chunks of 8 per lane;
                q^, k^ stay in registers.
      -- barrier B1 (one bar.sync, all 256 threads, outside the role branches: docs/sanitizers.md) --
-  3. w4-w7:    decayed tiles (P5) written as raw 8x8-core-matrix images (spec 4.8): Qd over the q
+  3. w4-w7:    decayed tiles (P5) written as raw 8x8-core-matrix images (docs/algorithm.md §4.8): Qd over the q
                staging buffer, Kd over k, Kr over g, Ki (K1-internal) in its own buffer.
      -- fence.proxy.async.shared (w4-w7), barrier B2 (one bar.sync, all threads) --
   4. w7:       one elected lane bulk-stores the three 4 KiB images (S2G), commits and waits.
@@ -37,7 +37,7 @@ when registers stay <= 64/thread):
   sGb               256 B                            bf(gamma)
   mbar              8 B
 
-Rounding follows spec 2.4 op by op. The gate and norm arithmetic uses explicit `.rn` PTX
+Rounding follows docs/algorithm.md §2.4 op by op. The gate and norm arithmetic uses explicit `.rn` PTX
 (ptx_ops.mul_rn_ftz/add_rn_ftz/fma_rn_ftz) so ptxas cannot contract `c*s` into the cumsum; products of
 two bf16 (or two fp16) values are exact in fp32, so P5/P6 products are fp32 multiplies followed
 by one RNE conversion.
@@ -142,7 +142,7 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
             cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
 
-        # ---- stage 1: bulk loads of the m valid token rows (64-bit element offsets, spec 6.5).
+        # ---- stage 1: bulk loads of the m valid token rows (64-bit element offsets, docs/algorithm.md §6.5).
         # Warp w owns rows w and w + 8; one elected lane per (warp, row) issues the three 256-byte
         # copies, so every copy is issued exactly once (4.8.1 cute.copy does not elect, guide 5.3).
         row_layout = cute.make_layout(D)

@@ -1,4 +1,4 @@
-"""K2: the chunk recurrence of KDA prefill (spec 2.3, 2.4 Q1-Q7, 3.3, 4.8, 6; docs/kernel_abi.md).
+"""K2: the chunk recurrence of KDA prefill (docs/algorithm.md §2.3, 2.4 Q1-Q7, 3.3, 4.8, 6; docs/kernel_abi.md).
 
 Grid (n_seq, n_heads, 128 // VB), VB = value_block in {128, 64, 32}. CTA (n, h, vb) runs every tile
 of sequence n for head h and owns the value channels [vb*VB, vb*VB + VB): their rows of the state
@@ -16,7 +16,7 @@ Thread roles (no store warp: outputs go straight from the MMA warps as predicate
              other, only with the producer through the stage barriers.
   warp W     producer: elected lanes arm the stage and issue every bulk copy of a tile (3 elect regions).
 
-Per tile, per MMA warp (all fragments in registers; fp32 ops separately rounded, spec 2.4):
+Per tile, per MMA warp (all fragments in registers; fp32 ops separately rounded, docs/algorithm.md §2.4):
   Q1  u = bf(acc32(Kd S^T)), o1 = bf(acc32(Qd S^T)): 8 k-steps of m16n8k16 per n-block, A from the raw
       Kd/Qd images (ldmatrix.x4, lane address base + 512 kb + 16 lane), B from S^T (ldmatrix.x4.trans)
   Q2  r = bf(bf(v - u) * bsig), v rows >= m forced to 0 (the stage holds only m copied rows)
@@ -317,7 +317,7 @@ def k2_segments(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: 
                 carries: cute.Pointer, final_state: cute.Pointer, final_slot: cute.Pointer, t_total: Int32,
                 n_seg: Int32, n_heads: Int32, cap: Int32, stream: cuda.CUstream,
                 final_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int]):
-    """Segmented K2 of a CP call (spec 4.5): K2 with segments in place of sequences, entry states
+    """Segmented K2 of a CP call (docs/algorithm.md §4.5): K2 with segments in place of sequences, entry states
     from the merge's fp32 carries [n_seg, H, 128, 128], and the exit state of segment j written to
     final_state[final_slot[j]] (bf16 or fp32 [n_seq, H, 128, 128]) when final_slot[j] >= 0, i.e.
     only by each sequence's last segment: no scratch and no gather kernel."""

@@ -2,7 +2,7 @@
 
 Why inline PTX at all: some instructions the DSL does not wrap (movmatrix, mma.sync on raw
 registers, packed f16 arithmetic, cp.async.bulk on raw addresses), and some whose exact form is
-part of the rounding recipe (spec 2.4: `.rn` arithmetic that ptxas must not contract into an fma,
+part of the rounding recipe (docs/algorithm.md §2.4: `.rn` arithmetic that ptxas must not contract into an fma,
 the `.approx` transcendental forms).
 
 Convention, the same for every wrapper:
@@ -72,7 +72,7 @@ def ex2_approx_ftz(x, *, loc=None, ip=None) -> Float32:
 
 @dsl_user_op
 def tanh_approx(x, *, loc=None, ip=None) -> Float32:
-    """tanh.approx.f32 (the only PTX form; used by the sigmoid of spec 2.4)."""
+    """tanh.approx.f32 (the only PTX form; used by the sigmoid of docs/algorithm.md §2.4)."""
     return Float32(_asm([T.f32()], [_ir(x, Float32, loc, ip)], "tanh.approx.f32 $0, $1;", "=f,f",
                         False, loc, ip))
 
@@ -107,7 +107,7 @@ def fma_rn_ftz(a, b, c, *, loc=None, ip=None) -> Float32:
                         "fma.rn.ftz.f32 $0, $1, $2, $3;", "=f,f,f,f", False, loc, ip))
 
 
-# K2 / pre_scan's state arithmetic: IEEE forms, subnormals kept (spec 2.4 rounds every op on its own).
+# K2 / pre_scan's state arithmetic: IEEE forms, subnormals kept (docs/algorithm.md §2.4 rounds every op on its own).
 
 @dsl_user_op
 def sub_rn(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:

@@ -2,7 +2,7 @@
 warp, and the Q2/Q3 and Q5 fragment steps.
 
 It is a module of its own so that no kernel module imports another: pre_scan's S-chain must be
-bit-identical to K2 (spec 4.6 item 2), which holds because both trace these very functions, and
+bit-identical to K2 (docs/algorithm.md §4.6 item 2), which holds because both trace these very functions, and
 each kernel keeps only its own stage layout (offsets, fixed transaction bytes) and kernel body.
 """
 
@@ -98,7 +98,7 @@ def produce_tiles(full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, ntil
 
 
 def solve_u_fragment(acc, v_words, bs0, bs1, a_inv, zero):
-    """Q2 + Q3 for one n-block, shared by K2 and pre_scan's two chains (spec 4.6 needs them
+    """Q2 + Q3 for one n-block, shared by K2 and pre_scan's two chains (docs/algorithm.md §4.6 needs them
     bit-identical): u = bf(acc), r = bf(bf(v - u) * bsig), U = bf(acc32(INV r)); returns U as the
     B fragment of the next MMAs (movmatrix'd bf16 pairs). `v_words()` emits the reads of the two
     packed v words (rows g and g + 8) where K2 has them; None is pre_scan's M-chain, v = 0."""
@@ -120,7 +120,7 @@ def solve_u_fragment(acc, v_words, bs0, bs1, a_inv, zero):
 
 def state_words_step(w0, w1, gam0, gam1, ds):
     """Q5 on one lane's two packed bf16 state words (rows g and g + 8 of an m-block):
-    bf(fma(S, gamma, ds)) with fp32 math, shared by K2 and pre_scan's S-chain (spec 4.6 needs the
+    bf(fma(S, gamma, ds)) with fp32 math, shared by K2 and pre_scan's S-chain (docs/algorithm.md §4.6 needs the
     two bit-identical). Returns the new words; the caller keeps them and stores them for Q1."""
     s0, s1 = unpack_bf16x2(w0)
     s2, s3 = unpack_bf16x2(w1)

@@ -9,7 +9,7 @@ from ..runtime_files import ABI_CONSTANTS
 from .ptx_ops import f32x2_to_bf16x2, fma_rn_ftz, mul_rn_ftz, tanh_approx, u32_as_f32
 
 # From kda_aot/abi_constants.py, the one place both wings read them (the manifest records them).
-CHUNK = ABI_CONSTANTS.CHUNK  # tokens per tile (spec 2.3); the 16x16 inverse and the gate range argument rely on it
+CHUNK = ABI_CONSTANTS.CHUNK  # tokens per tile (docs/algorithm.md §2.3); the 16x16 inverse and the gate range argument rely on it
 D = ABI_CONSTANTS.D  # head dimension, K = V = 128
 
 
@@ -33,7 +33,7 @@ def await_previous_grid():
 
 
 def raw_tile_layout():
-    """(16, 128) -> element offset of the raw 4 KiB tile image (docs/kernel_abi.md, spec 4.8).
+    """(16, 128) -> element offset of the raw 4 KiB tile image (docs/kernel_abi.md, docs/algorithm.md §4.8).
 
     8x8 core matrices of 128 bytes; core matrix (mi, ki) starts at element 64*(mi + 2*ki), rows of
     8 elements inside it. Call inside a @cute.jit / @cute.kernel context.
@@ -60,7 +60,7 @@ def m_seg_column(row, col):
 
 
 def sigmoid_tanh(x) -> Float32:
-    """sigma~(x) = fma(tanh.approx(0.5 x), 0.5, 0.5) (spec 2.4, FlashKDA's fast sigmoid, ftz forms)."""
+    """sigma~(x) = fma(tanh.approx(0.5 x), 0.5, 0.5) (docs/algorithm.md §2.4, FlashKDA's fast sigmoid, ftz forms)."""
     return fma_rn_ftz(tanh_approx(mul_rn_ftz(x, Float32(0.5))), Float32(0.5), Float32(0.5))
 
 
@@ -76,7 +76,7 @@ def round_bf16(x) -> Float32:
 
 
 # --- non-tensor bulk copies of DSL tensors (cp.async.bulk through cute.copy) -----------------------------------------------------
-# 4.8.1 does NOT elect a lane inside cute.copy for these atoms (cutedsl_guide 0/5): the caller
+# 4.8.1 does NOT elect a lane inside cute.copy for these atoms (checked on the DSL 4.8.1 PTX; docs/build.md): the caller
 # decides who issues. One issue per copy: wrap in exactly one elect_one, or give each lane its own
 # copy. Both tensors are flat byte ranges: 16-B aligned, size a multiple of 16.
 
