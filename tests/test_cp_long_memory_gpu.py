@@ -76,7 +76,7 @@ def test_cp_is_as_close_to_gold_as_serial(cases, name, cp, hint):
 @pytest.mark.parametrize("name", ["g~N(-8,1)", "lower_bound=-0.05"])
 def test_negative_control_a_skipped_carry_breaks_the_bound(cases, name):
     """Serial halves where the second starts from zero instead of the first's final state: what a
-    merge that drops one carry computes. The bound of the test above must reject it."""
+    merge that drops one carry computes. The output bound of the test above must reject it."""
     import kda_aot
 
     x, serial, gold = cases[name]
@@ -89,7 +89,12 @@ def test_negative_control_a_skipped_carry_breaks_the_bound(cases, name):
                                      output_final_state=True, cp="off"))
     bad = (torch.cat([parts[0][0], parts[1][0]], dim=1), parts[1][1].to(serial[1].dtype))
     e_ser, e_bad = _errors(serial, gold), _errors(bad, gold)
-    assert e_bad[0] > SLACK * e_ser[0] + FLOOR and e_bad[1] > SLACK * e_ser[1] + FLOOR, (e_ser, e_bad)
+    # The outputs after the cut must show it. The final state need not: the delta rule overwrites
+    # the state along every new key, so even with weak gate decay a state forgets within a few
+    # hundred tokens (float64 on the CPU, T=2048: per-token output error 1.09 right after a
+    # skipped carry, 0.24 at +256, 0.07 at +512; final state 3.6e-3 off). The CP test above bounds
+    # the outputs over every token after every segment boundary, which is what catches a bad merge.
+    assert e_bad[0] > SLACK * e_ser[0] + FLOOR, (e_ser, e_bad)
     print(f"\n{name}: serial {e_ser[0]:.2e}/{e_ser[1]:.2e}, skipped carry {e_bad[0]:.2e}/{e_bad[1]:.2e}")
 
 
