@@ -67,6 +67,23 @@ assert m["cuda_flavour"] == flavour, f"manifest flavour {m['cuda_flavour']}, whe
 assert m["package_version"] == version, f"manifest version {m['package_version']}, wheel name says {version}"
 assert metadata.version(dist) == version, f"{dist} metadata says {metadata.version(dist)}"
 assert kda_aot.__version__ == version, f"kda_aot.__version__ is {kda_aot.__version__}, expected {version}"
+# The runtime pins must be the flavour's (docs/wheels.md, "Runtime dependencies"): a cu12 wheel that
+# resolved cuda-bindings 13.x would need an R580 driver. Compared as specifier sets, written out
+# here independently of ci/build_wheels.sh, which sets them.
+expected = {
+    "cu12": {"cuda-bindings": {">=12.8", "<13"}, "cuda-core": {">=0.5", "<1.3"}},
+    "cu13": {"cuda-bindings": {">=13", "<14"}, "cuda-core": {">=0.5"}},
+}[flavour]
+found = {}
+for req in metadata.requires(dist) or []:
+    if "extra ==" in req:
+        continue
+    name, spec = re.match(r"\s*([A-Za-z0-9_.\-]+)\s*(?:\[[^\]]*\])?\s*\(?([^;)]*)", req).groups()
+    name = re.sub(r"[-_.]+", "-", name).lower()
+    found[name] = {s.replace(" ", "") for s in spec.split(",") if s.strip()}
+for name, specs in expected.items():
+    assert found.get(name) == specs, f"{dist} requires {name} {sorted(found.get(name, ()))}, expected {sorted(specs)}"
+print("  Requires-Dist: " + ", ".join(f"{n}{','.join(sorted(found[n]))}" for n in sorted(found)))
 assert info["version"] == version
 names = [k["name"] for k in m["kernels"]]
 assert names and sorted(names) == info["kernels"], "library kernels differ from the manifest"
