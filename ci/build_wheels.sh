@@ -68,6 +68,20 @@ git -C "$WORK/src" -c advice.detachedHead=false checkout -q --detach "$SHA"
 # the one in pyproject.toml. Hide the rename from git so the manifest's revision is not "-dirty".
 sed -i -E "s/^name = \"kda-aot\"$/name = \"$DIST\"/" "$WORK/src/pyproject.toml"
 grep -q "^name = \"$DIST\"$" "$WORK/src/pyproject.toml" || die "could not rename the distribution in pyproject.toml"
+# The runtime pins follow the flavour too (docs/wheels.md, "Runtime dependencies"): pyproject.toml
+# carries cu12's on the two lines marked "flavour pin"; cu13 gets CUDA 13's bindings.
+case "$FLAVOUR" in
+  cu12) PIN_BINDINGS="cuda-bindings>=12.8,<13" PIN_CORE="cuda-core>=0.5,<1.3" ;;
+  cu13) PIN_BINDINGS="cuda-bindings>=13,<14" PIN_CORE="cuda-core>=0.5" ;;
+esac
+sed -i -E \
+  -e "s/^  \"cuda-bindings[^\"]*\",  # flavour pin$/  \"$PIN_BINDINGS\",  # flavour pin/" \
+  -e "s/^  \"cuda-core[^\"]*\",  # flavour pin$/  \"$PIN_CORE\",  # flavour pin/" \
+  "$WORK/src/pyproject.toml"
+for pin in "$PIN_BINDINGS" "$PIN_CORE"; do
+  grep -qF "  \"$pin\",  # flavour pin" "$WORK/src/pyproject.toml" || die "could not pin $pin in pyproject.toml"
+done
+echo "  runtime pins: $PIN_BINDINGS, $PIN_CORE"
 git -C "$WORK/src" update-index --assume-unchanged pyproject.toml
 VERSION=$(sed -nE 's/^version = "(.*)"$/\1/p' "$WORK/src/pyproject.toml" | head -1)
 echo "  distribution $DIST $VERSION"
@@ -110,6 +124,9 @@ with zipfile.ZipFile(wheel) as z:
     m = json.loads(z.read("kda_aot/_lib/manifest.json"))
     names = z.namelist()
 assert "kda_aot/_lib/libkda_kernels.so" in names, "library missing from the wheel"
+assert "kda_aot/py.typed" in names, "py.typed missing from the wheel"
+assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE") for n in names), \
+    "LICENSE missing from the wheel's dist-info"
 assert m["cuda_flavour"] == flavour, f"manifest flavour {m['cuda_flavour']} != {flavour}"
 assert m["package_version"] == version, f"manifest version {m['package_version']} != {version}"
 assert m["kernels"], "manifest lists no kernels"
