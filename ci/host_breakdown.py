@@ -7,9 +7,6 @@ allocation, the native launch of the whole program, and whole calls, each in bat
 behind a sleep kernel so that nothing waits for the GPU. Needs torch and a Hopper GPU.
 """
 
-import statistics
-import time
-
 import torch
 
 import kda_aot
@@ -17,19 +14,8 @@ from kda_aot import api, bench
 from kda_aot.program import pack_inputs
 
 
-def per_call(fn, calls=100, repeats=7, gpu=True):
-    fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeats):
-        if gpu:
-            torch.cuda._sleep(int(5e8))
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(samples)
+def per_call(fn, gpu=True):
+    return bench.host_us(fn, busy=gpu)
 
 
 def main():

@@ -144,11 +144,12 @@ def graph_runner(x, cu):
     return graph.replay
 
 
-def host_us(fn, calls: int = 100, repeats: int = 7) -> float:
-    """Host time per call with the GPU kept busy (a long sleep kernel queued first), so no call
-    waits for the device: what the caller's thread spends in prefill. Batches are short (a call
-    queues up to 5 launches, and a full launch queue, about a thousand entries, would block the
-    host); the median of `repeats` batches is reported."""
+def host_us(fn, calls: int = 100, repeats: int = 7, busy: bool = True) -> float:
+    """Host time per call, median of `repeats` batches of `calls`. With `busy`, each batch is
+    queued behind a long sleep kernel, so no call waits for the device: what the caller's thread
+    spends in prefill. Batches are short: a call queues up to 5 launches, and a full launch queue
+    (about a thousand entries) would block the host. kda_aot.bench_op and ci/host_breakdown.py use
+    it too."""
     import time
 
     import torch
@@ -157,7 +158,8 @@ def host_us(fn, calls: int = 100, repeats: int = 7) -> float:
     torch.cuda.synchronize()
     samples = []
     for _ in range(repeats):
-        torch.cuda._sleep(int(5e8))
+        if busy:
+            torch.cuda._sleep(int(5e8))
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()

@@ -12,27 +12,13 @@ chunk_kda, the guards of the compiled function. Needs torch and a Hopper GPU.
 """
 
 import argparse
-import statistics
 import sys
-import time
 
 
 def _host_us(fn, calls: int, rounds: int) -> float:
-    """Median over `rounds` of the mean host time per call; each round runs behind a fresh sleep
-    kernel and is short enough (a few thousand launches at most) not to fill the launch queue."""
-    import torch
+    from .bench import host_us
 
-    fn()
-    torch.cuda.synchronize()
-    results = []
-    for _ in range(rounds):
-        torch.cuda._sleep(int(5e8))
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        results.append((time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(results)
+    return host_us(fn, calls, rounds)
 
 
 def _cycling(sets, call):
