@@ -5,7 +5,7 @@
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 shift || true
-timeout --signal=KILL "${KDA_BENCH_TIMEOUT:-400}" python3 -m kda_aot.bench --md "$OUT/bench.md" "$@" 2>&1 | tee "$OUT/bench.log"
+timeout --signal=KILL "${KDA_BENCH_TIMEOUT:-400}" python3 -m kda_aot.bench --md "$OUT/bench.md" --json "$OUT/bench.json" --png "$OUT/bench.png" "$@" 2>&1 | tee "$OUT/bench.log"
 status=${PIPESTATUS[0]}
 # Where the time of the CP shapes goes (device time per kernel); KDA_SKIP_PROFILE=1 skips it.
 [[ ${KDA_SKIP_PROFILE:-0} == 1 ]] && exit "$status"

@@ -176,6 +176,8 @@ def main(argv=None) -> int:
     parser.add_argument("--value-split", type=int, nargs="*", default=None,
                         help="also time these forced K2 value splits (1, 2, 4)")
     parser.add_argument("--md", help="write the table as markdown to this file")
+    parser.add_argument("--json", help="write the rows as JSON to this file")
+    parser.add_argument("--png", help="draw kda-aot's modes against the peers present (needs matplotlib)")
     parser.add_argument("--no-fla", action="store_true", help="skip FLA even when it is importable (Triton autotuning is slow)")
     parser.add_argument("--sweep-cp", action="store_true",
                         help="time forced CP segment counts x value splits on the CP suite (planner tuning)")
@@ -238,7 +240,46 @@ def main(argv=None) -> int:
     if args.md:
         with open(args.md, "w") as f:
             f.write("\n".join(table) + "\n")
+    if args.json:
+        write_json(header, rows, args.json)
+    if args.png:
+        print(write_png(header, rows, args.png))
     return 0
+
+
+def write_json(header, rows, path: str) -> None:
+    """One object per shape, keyed by the table's column names (None where a peer is absent)."""
+    import json
+
+    with open(path, "w") as f:
+        json.dump([dict(zip(header, row)) for row in rows], f, indent=1)
+
+
+def write_png(header, rows, path: str) -> str:
+    """A bar chart per shape of every column that holds times in ms (kda-aot's modes and the peers
+    present); returns the line to print. matplotlib is optional: without it, say so."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return f"--png: matplotlib is not installed, no chart written to {path}"
+    columns = [i for i, name in enumerate(header) if " ms" in name and name != "floor ms"
+               and any(isinstance(row[i], float) for row in rows)]
+    labels = [f"H={row[0]} {row[1]}" for row in rows]
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows)), 4))
+    width = 0.8 / max(1, len(columns))
+    for j, i in enumerate(columns):
+        values = [row[i] if isinstance(row[i], float) else 0.0 for row in rows]
+        ax.bar([k + j * width for k in range(len(rows))], values, width, label=header[i])
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(rows))], labels, rotation=30, ha="right")
+    ax.set_ylabel("ms per call (median, CUDA events)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return f"chart written to {path}"
 
 
 def host_cost_table(n_sets: int = 64) -> str:
