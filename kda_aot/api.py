@@ -250,6 +250,7 @@ def _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_s
     if value_split is not None and value_split not in (1, 2, 4):
         raise ValueError(f"value_split: expected 1, 2 or 4, got {value_split!r}")
     lib = get_library()
+    streams.check_architecture(problem.device_id)
     sms = streams.sm_count(problem.device_id) if problem.N and problem.H else 1
     given = {name: d is not None for name, d in t.items()}
     nbytes = {name: (d.nbytes if d is not None else 0) for name, d in t.items()}

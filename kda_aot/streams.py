@@ -47,6 +47,20 @@ def compute_capability(device_id: int) -> tuple:
     return (int(cc.major), int(cc.minor))
 
 
+def check_architecture(device_id: int) -> None:
+    """Refuse a device the kernels were not compiled for (sm_90a: Hopper), naming q's device, before
+    anything is launched there. Where the capability cannot be read, the launch reports the problem."""
+    try:
+        major, minor = compute_capability(device_id)
+    except Exception:  # noqa: BLE001 - a courtesy check: never fail a call because it could not run
+        return
+    if major != 9:
+        from .loader import KdaError
+
+        raise KdaError(f"q: on cuda:{device_id}, a GPU of compute capability {major}.{minor}; this build's "
+                       "kernels are compiled for sm_90a (Hopper: H100, H200, H20) only")
+
+
 def is_capturing(handle: int) -> bool:
     """True while `handle` is being captured into a CUDA graph (no host syncs allowed then)."""
     from cuda.bindings import driver

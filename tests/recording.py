@@ -37,6 +37,7 @@ class Recorder:
         monkeypatch.setattr(type(self.lib), "ensure_loaded", lambda lib, names: None)
         monkeypatch.setattr(type(self.lib), "run", self._run)
         monkeypatch.setattr(streams, "sm_count", lambda device_id: sm_count)
+        monkeypatch.setattr(streams, "compute_capability", lambda device_id: (9, 0))
         monkeypatch.setattr(api, "stream_device", lambda handle: 0)  # every handle is a stream of cuda:0
         monkeypatch.setattr(api, "_KNOWN_STREAMS", set())
         api.empty_cache()

@@ -231,3 +231,14 @@ def test_pointer_sweep_matches_pairwise_overlap():
         except UnsafePointers:
             got = True
         assert got == want, (ptrs, read, written)
+
+
+def test_a_non_hopper_device_is_refused_before_launch(rec, monkeypatch):
+    from kda_aot import streams
+    from kda_aot.loader import KdaError
+
+    monkeypatch.setattr(streams, "compute_capability", lambda device_id: (8, 0))
+    x = problem_args(T=32, H=1)
+    with pytest.raises(KdaError, match=r"^q: on cuda:0, a GPU of compute capability 8\.0; .*sm_90a"):
+        call(x, workspace=device_buffer("workspace", (1 << 20,), "uint8"))
+    assert not rec.calls
