@@ -351,8 +351,10 @@ def _ml_bf16():
 def workspace_size(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0, scale: Optional[float] = None,
                    initial_state=None, output_final_state: bool = False, cu_seqlens=None, cp="auto", out=None,
                    final_state=None, seq_lens=None, cu_seqlens_cpu=None, value_split: Optional[int] = None,
-                   **_ignored) -> int:
-    """Bytes of `workspace=` that prefill needs for these arguments (validated as prefill would)."""
+                   stream=None, workspace=None, validate: str = "device") -> int:
+    """Bytes of `workspace=` that prefill needs for these arguments (validated as prefill would).
+    `stream`, `workspace` and `validate` are accepted so that prefill's own keyword arguments can be
+    passed unchanged; they do not change the size."""
     tensors = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state, None)
     descs = [None if t is None else describe(t, name) for name, t in zip(_TENSOR_ARGS, tensors)]
     hint = _hint_key(seq_lens, cu_seqlens_cpu)
