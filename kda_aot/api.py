@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -37,10 +37,11 @@ _PLANS_LOCK = threading.Lock()
 _PLANS_MAX = 512
 
 
-def prefill(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0, scale: Optional[float] = None,
-            initial_state=None, output_final_state: bool = False, cu_seqlens=None, cp="auto", out=None,
-            final_state=None, stream=None, seq_lens: Optional[Sequence[int]] = None, cu_seqlens_cpu=None,
-            workspace=None, validate: str = "device", value_split: Optional[int] = None) -> Tuple[Any, Any]:
+def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: Any, lower_bound: float = -5.0,
+            scale: Optional[float] = None, initial_state: Any = None, output_final_state: bool = False,
+            cu_seqlens: Any = None, cp: Union[str, int] = "auto", out: Any = None, final_state: Any = None,
+            stream: Any = None, seq_lens: Optional[Sequence[int]] = None, cu_seqlens_cpu: Any = None,
+            workspace: Any = None, validate: str = "device", value_split: Optional[int] = None) -> Tuple[Any, Any]:
     """KDA prefill (docs/api.md): returns (o, final_state or None).
 
     q, k, v, g: bf16 [B, T, H, 128]; beta: bf16 logits [B, T, H]; A_log fp32 [H]; dt_bias fp32
@@ -348,10 +349,12 @@ def _ml_bf16():
 # ---------------------------------------------------------------------------------------------
 # workspace queries, caches, info
 
-def workspace_size(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0, scale: Optional[float] = None,
-                   initial_state=None, output_final_state: bool = False, cu_seqlens=None, cp="auto", out=None,
-                   final_state=None, seq_lens=None, cu_seqlens_cpu=None, value_split: Optional[int] = None,
-                   stream=None, workspace=None, validate: str = "device") -> int:
+def workspace_size(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: Any, lower_bound: float = -5.0,
+                   scale: Optional[float] = None, initial_state: Any = None, output_final_state: bool = False,
+                   cu_seqlens: Any = None, cp: Union[str, int] = "auto", out: Any = None, final_state: Any = None,
+                   seq_lens: Optional[Sequence[int]] = None, cu_seqlens_cpu: Any = None,
+                   value_split: Optional[int] = None, stream: Any = None, workspace: Any = None,
+                   validate: str = "device") -> int:
     """Bytes of `workspace=` that prefill needs for these arguments (validated as prefill would).
     `stream`, `workspace` and `validate` are accepted so that prefill's own keyword arguments can be
     passed unchanged; they do not change the size."""
@@ -362,7 +365,7 @@ def workspace_size(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.
 
 
 def workspace_size_for(T: int, H: int, *, N: int = 1, varlen: bool = False, cu_dtype: str = "int32",
-                       seq_lens: Optional[Sequence[int]] = None, cp="auto", sm_count: int = 132,
+                       seq_lens: Optional[Sequence[int]] = None, cp: Union[str, int] = "auto", sm_count: int = 132,
                        has_initial: bool = False, has_final: bool = False) -> int:
     """Bytes of workspace for a problem given by its shapes: dense [N, T] (varlen=False) or packed T
     tokens in N sequences (varlen=True, optional host `seq_lens`), H heads, on `sm_count` SMs."""

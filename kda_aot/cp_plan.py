@@ -260,7 +260,8 @@ def _build(seq_lens: Tuple[int, ...], seq_tiles: Tuple[int, ...], counts: Sequen
                   seg_token_start=tuple(seg_tok), seq_lens=seq_lens, **fields)
 
 
-def plan_prefill(seq_lens, num_heads, sm_count=None, mode: CpMode = "auto") -> CPPlan:
+def plan_prefill(seq_lens: Sequence[int], num_heads: int, sm_count: Optional[int] = None,
+                 mode: CpMode = "auto") -> CPPlan:
     """Plan the CP segments of a prefill of sequences `seq_lens` (tokens) with `num_heads` heads.
 
     mode: "off" | "auto" | "on" | int (segments per sequence). Raises NotSplittableError when
