@@ -64,11 +64,6 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
     if validate not in _VALIDATE_MODES:
         raise ValueError(f"validate: expected 'device' or 'host', got {validate!r}")
     tensors = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state, workspace)
-    hint = _hint_key(seq_lens, cu_seqlens_cpu)
-    if validate == "host":
-        hint = _read_back_hint(tensors, hint, stream)
-    options = (type(lower_bound), lower_bound, type(scale), scale, bool(output_final_state), type(cp), cp,
-               hint, value_split)
     torch = sys.modules.get("torch")
     intake = None if torch is None else _torch_intake(torch.Tensor, tensors)
     if intake is not None:
@@ -76,24 +71,29 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
         descs = None
     else:
         torch = None
-        descs = [None if t is None else describe(t, name) for name, t in zip(_TENSOR_ARGS, tensors)]
+        descs = _describe_all(tensors)
         sig = tuple(None if d is None else (d.shape, d.strides, d.dtype, d.device, d.device_id,
                                             getattr(d, "readonly", False)) for d in descs)
         ptrs = [0 if d is None else d.ptr for d in descs]
+    hint = _hint_key(seq_lens, cu_seqlens_cpu)
+    if validate == "host":
+        hint = _read_back_hint(torch, tensors, hint, stream)
+    options = (type(lower_bound), lower_bound, type(scale), scale, bool(output_final_state), type(cp), cp,
+               hint, value_split)
     try:
         key = (sig, options)
         plan = _PLANS.get(key)
     except TypeError:  # an unhashable option: let the wall name it
         key, plan = None, None
     if plan is None:
-        descs = descs or [None if t is None else describe(t, name) for name, t in zip(_TENSOR_ARGS, tensors)]
+        descs = descs or _describe_all(tensors)
         plan = _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split)
         if key is not None:
             _remember(key, plan)
     try:
         plan.check_pointers(ptrs)
     except UnsafePointers:
-        descs = descs or [None if t is None else describe(t, name) for name, t in zip(_TENSOR_ARGS, tensors)]
+        descs = descs or _describe_all(tensors)
         _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split)  # raises, naming it
         if descs[-1] is not None:  # the wall does not know the workspace: it overlaps something
             raise ValueError("workspace: overlaps an input or output of the call; pass a separate buffer")
@@ -127,16 +127,9 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
 # ---------------------------------------------------------------------------------------------
 # intake
 
-def _torch_of(tensors):
-    """torch, when every tensor argument is a torch.Tensor (the fast intake), else None."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    Tensor = torch.Tensor
-    for t in tensors:
-        if t is not None and not isinstance(t, Tensor):
-            return None
-    return torch
+def _describe_all(tensors) -> list:
+    """Every argument's DLPack description (None for an absent one), in _TENSOR_ARGS order."""
+    return [None if t is None else describe(t, name) for name, t in zip(_TENSOR_ARGS, tensors)]
 
 
 def _torch_intake(Tensor, tensors):
@@ -171,17 +164,14 @@ def _hint_key(seq_lens, cu_seqlens_cpu):
     return None
 
 
-def _int_tuple(values, name: str) -> tuple:
-    if isinstance(values, (str, bytes)):
-        raise TypeError(f"{name}: expected a sequence of ints, got {type(values).__name__}")
-    try:
-        items = tuple(values)
-    except TypeError:
-        raise TypeError(f"{name}: expected a sequence of ints, got {type(values).__name__}") from None
+def _int_tuple(items: list, name: str) -> tuple:
+    """The entries (a list from validation._host_entries) as a tuple of Python ints: as they are
+    when they already are (the common case, one type check each), else through int_entries, which
+    takes numpy integers and refuses bools and floats naming the entry."""
     for item in items:
         if type(item) is not int:
-            return tuple(int_entries(items, name))  # numpy ints pass; bools and floats raise, naming the entry
-    return items
+            return tuple(int_entries(items, name))
+    return tuple(items)
 
 
 def _hint_lengths(hint, N: int, T: int) -> Optional[Tuple[int, ...]]:
@@ -191,7 +181,7 @@ def _hint_lengths(hint, N: int, T: int) -> Optional[Tuple[int, ...]]:
     return check_seq_lens(values, N, T) if kind == "lens" else check_cu_seqlens_host(values, N, T)
 
 
-def _read_back_hint(tensors, hint, stream):
+def _read_back_hint(torch, tensors, hint, stream):
     """validate="host": copy cu_seqlens back (a synchronisation), check it, and plan with it."""
     cu_obj, q_obj = tensors[SLOT["cu_seqlens"]], tensors[0]
     if cu_obj is None:
@@ -200,7 +190,7 @@ def _read_back_hint(tensors, hint, stream):
     if cu.device != "cuda" or len(cu.shape) != 1 or cu.dtype not in ("int32", "int64"):
         return hint  # the wall refuses it, naming it
     q = describe(q_obj, "q")
-    handle = _stream(_torch_of(tensors), stream, cu.device_id)
+    handle = _stream(torch, stream, cu.device_id)
     if streams.is_capturing(handle):
         raise RuntimeError("validate: 'host' reads cu_seqlens back, which cannot happen while the stream is being "
                            "captured into a CUDA graph; use validate='device' there")
@@ -257,7 +247,7 @@ def _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_s
     nbytes = {name: (d.nbytes if d is not None else 0) for name, d in t.items()}
     alignment = {name: ALIGNMENT[name][d.dtype] for name, d in t.items() if d is not None and name in ALIGNMENT}
     plan = call_plan.build(lib, problem, lengths=lengths, sm_count=sms, value_split=value_split, given=given,
-                           nbytes=dict(nbytes, workspace=0), alignment=alignment)
+                           nbytes=nbytes, alignment=alignment)
     _check_workspace(t["workspace"], plan, problem)
     return plan
 
@@ -359,7 +349,7 @@ def workspace_size(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_
     `stream`, `workspace` and `validate` are accepted so that prefill's own keyword arguments can be
     passed unchanged; they do not change the size."""
     tensors = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state, None)
-    descs = [None if t is None else describe(t, name) for name, t in zip(_TENSOR_ARGS, tensors)]
+    descs = _describe_all(tensors)
     hint = _hint_key(seq_lens, cu_seqlens_cpu)
     return _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split).workspace_bytes
 
@@ -381,7 +371,7 @@ def workspace_size_for(T: int, H: int, *, N: int = 1, varlen: bool = False, cu_d
                       state_dtype="float32" if (has_initial or has_final) else None, has_initial=has_initial,
                       has_final=has_final, scale=D ** -0.5, lower_bound=-5.0, device_id=0, cp=parse_cp(cp))
     if varlen:
-        lengths = None if seq_lens is None else _hint_lengths(("lens", _int_tuple(seq_lens, "seq_lens")), N, T)
+        lengths = _hint_lengths(_hint_key(seq_lens, None), N, T)
     else:
         lengths = (T,) * N
     return launcher.workspace_bytes(problem, call_plan.segmentation(problem, lengths, sm_count))

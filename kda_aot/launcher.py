@@ -51,7 +51,6 @@ class Launch:
     program: Program
     workspace_bytes: int
     kind: str  # "serial", "cp" or "empty"
-    segmentation: Optional[Segmentation] = None
 
 
 def _workspace_args(off) -> dict:
@@ -84,13 +83,17 @@ def cp_tile_capacity(problem: Problem, seg: Segmentation) -> int:
     return max(1, planner.tile_capacity(problem.B * problem.T, seg.max_segments, True))
 
 
+def cp_problem_layout(problem: Problem, seg: Segmentation):
+    return cp_layout(problem.H, cp_tile_capacity(problem, seg), problem.N, seg.max_segments)
+
+
 def workspace_bytes(problem: Problem, seg: Optional[Segmentation]) -> int:
     """Bytes of workspace the call needs (0 for empty work)."""
     if problem.N == 0 or problem.H == 0:
         return 0
     if seg is None:
         return serial_layout(problem).nbytes
-    return cp_layout(problem.H, cp_tile_capacity(problem, seg), problem.N, seg.max_segments).nbytes
+    return cp_problem_layout(problem, seg).nbytes
 
 
 def serial_launch(lib: KernelLibrary, problem: Problem, sm_count: int, value_split: Optional[int] = None) -> Launch:
@@ -132,7 +135,7 @@ def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count:
     vb = planner.D // split
     t_total = problem.B * problem.T
     cap = cp_tile_capacity(problem, seg)
-    layout = cp_layout(H, cap, N, S)
+    layout = cp_problem_layout(problem, seg)
     off = layout.pointers(0)
     prog = Program(lib, problem.device_id)
     tables = dict(seg_start=ws(off["seq_start"]), seg_prefix=ws(off["tile_prefix"]), scan_seg=ws(off["scan_seg"]),
@@ -170,4 +173,4 @@ def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count:
             v=Ref("v"), out=Ref("out"), **_workspace_args(off), seg_start=ws(off["seq_start"]),
             seg_prefix=ws(off["tile_prefix"]), carries=ws(off["carries"]), final_state=Ref("final_state"),
             final_slot=ws(off["final_slot"]), t_total=t_total, n_seg=S, n_heads=H, cap=cap, stream=STREAM))
-    return Launch(prog.finish(), layout.nbytes, "cp", seg)
+    return Launch(prog.finish(), layout.nbytes, "cp")

@@ -174,9 +174,6 @@ class KernelLibrary:
         self._check(self._lib.kda_device_count(ctypes.byref(count)), "querying CUDA devices")
         return count.value
 
-    def set_device(self, device_id: int) -> None:
-        self._check(self._lib.kda_set_device(device_id), f"selecting CUDA device {device_id}")
-
 
 _library: Optional[KernelLibrary] = None
 _library_lock = threading.Lock()

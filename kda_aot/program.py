@@ -14,7 +14,7 @@ built with a missing or unknown argument: the manifest is the one description of
 from __future__ import annotations
 
 import struct
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import List, Mapping, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -27,8 +27,8 @@ SLOT = {name: i for i, name in enumerate(INPUTS)}
 N_INPUTS = len(INPUTS)
 _PACK = struct.Struct(f"<{N_INPUTS}Q").pack
 
-_STEP = np.dtype([("kernel", "<i4"), ("first", "<i4"), ("count", "<i4"), ("reserved", "<i4")])
-_SLOT = np.dtype([("src", "<i4"), ("reserved", "<i4"), ("add", "<u8")])
+STEP_DTYPE = np.dtype([("kernel", "<i4"), ("first", "<i4"), ("count", "<i4"), ("reserved", "<i4")])
+SLOT_DTYPE = np.dtype([("src", "<i4"), ("reserved", "<i4"), ("add", "<u8")])
 MAX_SLOTS = 256  # kda_shim.c KDA_MAX_SLOTS
 
 
@@ -113,10 +113,10 @@ class Program:
     def finish(self) -> "Program":
         if len(self._slots) > MAX_SLOTS:
             raise ValueError(f"a program takes at most {MAX_SLOTS} argument slots, got {len(self._slots)}")
-        steps = np.zeros(max(1, len(self._steps)), _STEP)
+        steps = np.zeros(max(1, len(self._steps)), STEP_DTYPE)
         for i, (kernel, first, count) in enumerate(self._steps):
             steps[i] = (kernel, first, count, 0)
-        slots = np.zeros(max(1, len(self._slots)), _SLOT)
+        slots = np.zeros(max(1, len(self._slots)), SLOT_DTYPE)
         for i, (src, add) in enumerate(self._slots):
             slots[i] = (src, 0, add)
         self._steps_arr, self._slots_arr = steps, slots  # kept alive: kda_run reads them
@@ -125,18 +125,6 @@ class Program:
         self.lib.ensure_loaded(self.names)  # before any thread can run it; the loader serialises loading
         self._frozen = True
         return self
-
-    @property
-    def empty(self) -> bool:
-        return not self._steps
-
-    def slots(self) -> List[Tuple[str, Dict[str, Tuple[int, int]]]]:
-        """(kernel, {argument: (src, add)}) per step, for tests and docs."""
-        out = []
-        for name, (kernel, first, count) in zip(self.names, self._steps):
-            specs = self.lib.kernel(name).args
-            out.append((name, {s["name"]: self._slots[first + j] for j, s in enumerate(specs)}))
-        return out
 
     def run(self, inputs: bytes) -> None:
         """Launch every step on the stream in `inputs` (pack_inputs), in one native call."""
@@ -147,7 +135,3 @@ class Program:
         if code:
             self.lib.raise_run_error(code, self.names)
 
-
-def resolve(ptrs: Sequence[int], value: Optional[Ref]) -> int:
-    """The address a Ref names for these call pointers (tests)."""
-    return 0 if value is None else ptrs[value.src] + value.offset

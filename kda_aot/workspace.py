@@ -114,10 +114,9 @@ class WorkspaceArena:
     def _evict_oldest(self) -> None:
         from cuda.core import Device
 
-        (device_id, _), buf = next(iter(self._buffers.items()))
-        Device(device_id).sync()  # its stream may be gone: wait for everything, then free
-        buf.close()
-        del self._buffers[next(iter(self._buffers))]
+        key = next(iter(self._buffers))
+        Device(key[0]).sync()  # its stream may be gone: wait for everything, then free
+        self._buffers.pop(key).close()
 
     def release(self) -> None:
         """Free every buffer, after the work queued on their devices has finished."""

@@ -12,11 +12,8 @@ import numpy as np
 
 from kda_aot import api, streams
 from kda_aot.loader import get_library
-from kda_aot.program import INPUTS, N_INPUTS
+from kda_aot.program import INPUTS, N_INPUTS, SLOT_DTYPE, STEP_DTYPE
 from kda_aot.tensors import TensorDesc
-
-_STEP = np.dtype([("kernel", "<i4"), ("first", "<i4"), ("count", "<i4"), ("reserved", "<i4")])
-_SLOT = np.dtype([("src", "<i4"), ("reserved", "<i4"), ("add", "<u8")])
 
 
 class Launch:
@@ -45,8 +42,8 @@ class Recorder:
 
     def _run(self, device_id, steps_ptr, n_steps, slots_ptr, n_slots, inputs, n_inputs):
         assert n_inputs == N_INPUTS
-        steps = np.frombuffer((ctypes.c_char * (n_steps * _STEP.itemsize)).from_address(steps_ptr), _STEP)
-        slots = np.frombuffer((ctypes.c_char * (n_slots * _SLOT.itemsize)).from_address(slots_ptr), _SLOT)
+        steps = np.frombuffer((ctypes.c_char * (n_steps * STEP_DTYPE.itemsize)).from_address(steps_ptr), STEP_DTYPE)
+        slots = np.frombuffer((ctypes.c_char * (n_slots * SLOT_DTYPE.itemsize)).from_address(slots_ptr), SLOT_DTYPE)
         ptrs = struct.unpack(f"<{N_INPUTS}Q", inputs)
         launches = []
         for kernel, first, count, _ in steps.tolist():
