@@ -53,7 +53,7 @@ class Kernel:
         self.entry: str = spec.get("entry", "")
         self.args: List[dict] = spec["args"]
         self.constants: dict = spec.get("constants", {})
-        self._loaded = False
+        self._devices: set = set()  # devices this kernel is loaded on (kda_load, per device on demand)
         # ctypes boxing per argument, decided once: calls sit on the host's critical path
         self._boxers = [ctypes.c_void_p if a["kind"] in ("ptr", "stream") else _CTYPES[a["kind"]] for a in self.args]
         self._argv_type = ctypes.c_void_p * len(self.args)
@@ -61,13 +61,18 @@ class Kernel:
     def __repr__(self) -> str:
         return f"Kernel({self.name})"
 
-    def ensure_loaded(self) -> None:
-        if self._loaded:
+    def ensure_loaded(self, device_id: Optional[int] = None) -> None:
+        """Load on `device_id` (default: the thread's current device) unless done already; only the
+        devices a call runs on are loaded, so a GPU this build cannot run on is never touched."""
+        if device_id is None:
+            device_id = self.library.current_device()
+        if device_id in self._devices:
             return
         with self.library._lock:
-            if not self._loaded:
-                self.library._check(self.library._lib.kda_load(self.index), f"loading kernel {self.name}")
-                self._loaded = True
+            if device_id not in self._devices:
+                self.library._check(self.library._lib.kda_load(self.index, device_id),
+                                    f"loading kernel {self.name} on device {device_id}")
+                self._devices.add(device_id)
 
     def __call__(self, *values) -> None:
         self.launch(self.prepare(*values))
@@ -81,8 +86,7 @@ class Kernel:
         return self._argv_type(*[ctypes.addressof(b) for b in boxed]), boxed
 
     def launch(self, prepared: tuple) -> None:
-        if not self._loaded:
-            self.ensure_loaded()
+        self.ensure_loaded()  # direct launches (tests, tools) run on the thread's current device
         argv, boxed = prepared
         code = self.library._lib.kda_launch(self.index, argv, len(boxed))
         if code:
@@ -133,7 +137,9 @@ class KernelLibrary:
         lib.kda_set_device.restype = ctypes.c_int32
         lib.kda_set_device.argtypes = [ctypes.c_int32]
         lib.kda_load.restype = ctypes.c_int32
-        lib.kda_load.argtypes = [ctypes.c_int32]
+        lib.kda_load.argtypes = [ctypes.c_int32, ctypes.c_int32]
+        lib.kda_get_device.restype = ctypes.c_int32
+        lib.kda_get_device.argtypes = [ctypes.POINTER(ctypes.c_int32)]
         lib.kda_launch.restype = ctypes.c_int32
         lib.kda_launch.argtypes = [ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int32]
         self._run.restype = ctypes.c_int32
@@ -161,9 +167,16 @@ class KernelLibrary:
         except KeyError:
             raise KdaError(f"kernel {name} is not in this build ({self.path})") from None
 
-    def ensure_loaded(self, names) -> None:
+    def ensure_loaded(self, names, device_id: int) -> None:
         for name in names:
-            self.kernel(name).ensure_loaded()
+            self.kernel(name).ensure_loaded(device_id)
+
+    def current_device(self) -> int:
+        """The calling thread's current CUDA device (the static runtime's view, which is the
+        driver context the caller's framework made current)."""
+        device = ctypes.c_int32(0)
+        self._check(self._lib.kda_get_device(ctypes.byref(device)), "querying the current device")
+        return device.value
 
     def has(self, name: str) -> bool:
         return name in self.kernels

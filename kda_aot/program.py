@@ -122,7 +122,7 @@ class Program:
         self._steps_arr, self._slots_arr = steps, slots  # kept alive: kda_run reads them
         self._steps_ptr, self._slots_ptr = steps.ctypes.data, slots.ctypes.data
         self._n_steps, self._n_slots = len(self._steps), len(self._slots)
-        self.lib.ensure_loaded(self.names)  # before any thread can run it; the loader serialises loading
+        self.lib.ensure_loaded(self.names, self.device_id)  # before any thread runs it; loading is serialised
         self._frozen = True
         return self
 

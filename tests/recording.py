@@ -31,7 +31,7 @@ class Recorder:
         self.lib = get_library()
         self.calls: List[List[Launch]] = []
         self.inputs: List[Dict[str, int]] = []
-        monkeypatch.setattr(type(self.lib), "ensure_loaded", lambda lib, names: None)
+        monkeypatch.setattr(type(self.lib), "ensure_loaded", lambda lib, names, device_id: None)
         monkeypatch.setattr(type(self.lib), "run", self._run)
         monkeypatch.setattr(streams, "sm_count", lambda device_id: sm_count)
         monkeypatch.setattr(streams, "compute_capability", lambda device_id: (9, 0))

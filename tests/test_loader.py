@@ -105,4 +105,5 @@ def test_library_exports_only_the_shim():
                          capture_output=True, text=True).stdout
     symbols = {line.split()[-1] for line in out.splitlines() if line.strip()}
     assert symbols == {"kda_kernel_count", "kda_kernel_name", "kda_error_string", "kda_error_name",
-                       "kda_device_count", "kda_set_device", "kda_load", "kda_launch", "kda_run"}
+                       "kda_device_count", "kda_set_device", "kda_get_device", "kda_load", "kda_launch",
+                       "kda_run"}

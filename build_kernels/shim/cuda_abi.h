@@ -29,6 +29,8 @@ cudaError_t cudaFuncSetAttribute(const void *func, int attr, int value);
 cudaError_t cudaKernelSetAttributeForDevice(cudaKernel_t kernel, int attr, int value, int device);
 cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func, void **args);
 cudaError_t cudaLibraryGetKernel(cudaKernel_t *kernel, cudaLibrary_t library, const char *name);
+cudaError_t cudaLibraryGetKernelCount(unsigned int *count, cudaLibrary_t library);
+cudaError_t cudaLibraryEnumerateKernels(cudaKernel_t *kernels, unsigned int count, cudaLibrary_t library);
 cudaError_t cudaLibraryLoadData(cudaLibrary_t *library, const void *code, int *jit_options, void **jit_values,
                                 unsigned int n_jit, int *lib_options, void **lib_values, unsigned int n_lib);
 cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsigned int cuda_version,

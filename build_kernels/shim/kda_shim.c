@@ -30,21 +30,43 @@ KDA_API int32_t kda_device_count(int32_t *count) { return cudaGetDeviceCount(cou
  * tensors' device for its launches and puts the caller's back afterwards. */
 KDA_API int32_t kda_set_device(int32_t device) { return cudaSetDevice(device); }
 
-/* Loads kernel i's cubin on every visible device. Not thread-safe by itself: the Python loader
- * serialises calls and calls it once per kernel per process. */
-KDA_API int32_t kda_load(int32_t i) {
+KDA_API int32_t kda_get_device(int32_t *device) { return cudaGetDevice(device); }
+
+/* Loads kernel i for one device (device < 0: the calling thread's current one), on demand: a
+ * machine may hold GPUs this build cannot run on, and loading there would fail every call (issue:
+ * one non-Hopper GPU in the box). The library is created once (context-independent); each device
+ * then gets the kernel's attributes (dynamic shared memory) and the largest shared-memory carveout,
+ * so consecutive kernels of a call never make the SMs switch L1/shared configuration between them
+ * (H200, H=4 [8192] CP: 0.159 -> 0.139 ms per call, docs/cp_tuning.md). The carveout is a
+ * preference: failing to set it is not an error. Not thread-safe by itself: the Python loader
+ * serialises calls and loads each (kernel, device) pair once per process. */
+static unsigned char kda_initialised[KDA_KERNEL_COUNT > 0 ? KDA_KERNEL_COUNT : 1];
+
+#define KDA_MAX_FUNCTIONS 8 /* kernels per exported module: each of ours defines one */
+
+KDA_API int32_t kda_load(int32_t i, int32_t device) {
   if (i < 0 || i >= KDA_KERNEL_COUNT) return (int32_t)cudaErrorInvalidValue;
-  int count = 0;
-  cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) return (int32_t)err;
+  cudaError_t err = cudaSuccess;
+  int current = device;
+  if (device < 0 && (err = cudaGetDevice(&current)) != cudaSuccess) return (int32_t)err;
   cudaLibrary_t *library = &kda_modules[i];
-  struct { cudaLibrary_t **library; cudaError_t *ret; } init_args = {&library, &err};
-  kda_kernel_table[i].init((void **)&init_args);
-  if (err != cudaSuccess) return (int32_t)err;
-  for (int32_t device = 0; device < count; ++device) {
-    struct { cudaLibrary_t **library; int32_t *device; cudaError_t *ret; } load_args = {&library, &device, &err};
-    kda_kernel_table[i].load_to_device((void **)&load_args);
+  if (!kda_initialised[i]) {
+    struct { cudaLibrary_t **library; cudaError_t *ret; } init_args = {&library, &err};
+    kda_kernel_table[i].init((void **)&init_args);
     if (err != cudaSuccess) return (int32_t)err;
+    kda_initialised[i] = 1;
+  }
+  int32_t target = current;
+  struct { cudaLibrary_t **library; int32_t *device; cudaError_t *ret; } load_args = {&library, &target, &err};
+  kda_kernel_table[i].load_to_device((void **)&load_args);
+  if (err != cudaSuccess) return (int32_t)err;
+  unsigned int n = 0;
+  cudaKernel_t functions[KDA_MAX_FUNCTIONS];
+  if (cudaLibraryGetKernelCount(&n, *library) == cudaSuccess) {
+    if (n > KDA_MAX_FUNCTIONS) n = KDA_MAX_FUNCTIONS;
+    if (n && cudaLibraryEnumerateKernels(functions, n, *library) == cudaSuccess)
+      for (unsigned int f = 0; f < n; ++f)
+        cudaKernelSetAttributeForDevice(functions[f], KDA_ATTR_PREFERRED_CARVEOUT, KDA_CARVEOUT_MAX_SHARED, current);
   }
   return 0;
 }

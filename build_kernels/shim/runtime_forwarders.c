@@ -26,16 +26,7 @@ KDA_HIDDEN cudaError_t _cudaLaunchKernelEx(const cudaLaunchConfig_t *config, con
 }
 
 KDA_HIDDEN cudaError_t _cudaLibraryGetKernel(cudaKernel_t *kernel, cudaLibrary_t library, const char *name) {
-  cudaError_t err = cudaLibraryGetKernel(kernel, library, name);
-  /* Every kernel prefers the largest shared-memory carveout, so consecutive kernels of a call never
-   * make the SMs switch L1/shared configuration between them (H200, H=4 [8192] CP: 0.159 -> 0.139 ms
-   * per call, docs/cp_tuning.md). A preference only: a failure is not an error. */
-  if (err == cudaSuccess) {
-    int dev = 0;
-    if (cudaGetDevice(&dev) == cudaSuccess)
-      cudaKernelSetAttributeForDevice(*kernel, KDA_ATTR_PREFERRED_CARVEOUT, KDA_CARVEOUT_MAX_SHARED, dev);
-  }
-  return err;
+  return cudaLibraryGetKernel(kernel, library, name);
 }
 
 KDA_HIDDEN cudaError_t _cudaLibraryLoadData(cudaLibrary_t *library, const void *code, int *jit_options,
