@@ -65,7 +65,7 @@ class Kernel:
         """Load on `device_id` (default: the thread's current device) unless done already; only the
         devices a call runs on are loaded, so a GPU this build cannot run on is never touched."""
         if device_id is None:
-            device_id = self.library.current_device()
+            device_id = self.library.current_device(f"loading kernel {self.name}: querying the current device")
         if device_id in self._devices:
             return
         with self.library._lock:
@@ -171,11 +171,11 @@ class KernelLibrary:
         for name in names:
             self.kernel(name).ensure_loaded(device_id)
 
-    def current_device(self) -> int:
+    def current_device(self, what: str = "querying the current device") -> int:
         """The calling thread's current CUDA device (the static runtime's view, which is the
         driver context the caller's framework made current)."""
         device = ctypes.c_int32(0)
-        self._check(self._lib.kda_get_device(ctypes.byref(device)), "querying the current device")
+        self._check(self._lib.kda_get_device(ctypes.byref(device)), what)
         return device.value
 
     def has(self, name: str) -> bool:
