@@ -37,11 +37,6 @@ class CallPlan:
     final_shape: Optional[Tuple[int, ...]]  # None without a final state
     final_dtype: Optional[str]
     alloc_final: bool  # the call allocates the final state (output_final_state without a buffer)
-    # checkpoints (docs/state_pool.md): shapes of the states and the index table, and whether the
-    # call allocates them (checkpoint_every without checkpoints= / checkpoint_index=)
-    checkpoint_shape: Optional[Tuple[int, ...]]
-    alloc_checkpoints: bool
-    alloc_checkpoint_index: bool
     # (input slot, alignment mask) for every non-empty tensor the caller passed
     align: Tuple[Tuple[int, int], ...]
     # (slot, nbytes) of every caller-given buffer that is written (out, final_state, workspace),
@@ -49,6 +44,11 @@ class CallPlan:
     written: Tuple[Tuple[int, int], ...]
     read: Tuple[Tuple[int, int], ...]
     workspace_given: bool
+    # checkpoints (docs/state_pool.md): shape of the states, and whether the call allocates them
+    # and the index table (checkpoint_every without checkpoints= / checkpoint_index=)
+    checkpoint_shape: Optional[Tuple[int, ...]] = None
+    alloc_checkpoints: bool = False
+    alloc_checkpoint_index: bool = False
 
     @property
     def workspace_bytes(self) -> int:
