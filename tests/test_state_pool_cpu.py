@@ -6,13 +6,16 @@ state_indices (validate="host") are called directly.
 """
 
 import dataclasses
+import sys
+from pathlib import Path
 
 import pytest
 
 from kda_aot.api import check_state_indices_host
 from kda_aot.validation import validate_prefill
 
-from test_validation import desc, make_args
+sys.path.insert(0, str(Path(__file__).parent))  # the sibling helpers below, when run on its own
+from test_validation import desc, make_args  # noqa: E402
 
 D = 128
 
@@ -154,3 +157,74 @@ def test_workspace_size_for_checkpoints_and_layout():
     assert with_ck > base  # the CP call also builds the sequences' own tables
     layout = cp_layout(8, 600, 2, 16, sequence_tables=True)
     assert layout.regions["real_seq_start"][1] == 12 and layout.regions["real_tile_prefix"][1] == 12
+
+
+# ------------------------------------------------------------------------------------------------
+# what the calls launch (recorded, no GPU)
+
+@pytest.fixture
+def rec(monkeypatch):
+    from kda_aot import api
+    from recording import Recorder
+
+    r = Recorder(monkeypatch)
+    yield r
+    api.empty_cache()
+
+
+def _ws():
+    from recording import device_buffer
+
+    return device_buffer("workspace", (1 << 28,), "uint8")  # never dereferenced: any size that suffices
+
+
+def _padded_pool(S, H, dtype, pad):
+    from recording import device_buffer
+
+    base = device_buffer("state_pool", (S * (H * D * D + pad),), dtype)
+    return dataclasses.replace(base, shape=(S, H, D, D), strides=(H * D * D + pad, D * D, D, 1))
+
+
+def test_serial_pool_call_hands_the_pool_to_k2_in_place(rec):
+    from recording import call, device_buffer, problem_args
+
+    x = problem_args(H=2, lens=[100, 60, 40])
+    pool = _padded_pool(6, 2, "float32", 256)
+    idx = device_buffer("state_indices", (3,), "int32")
+    o, fs = call(x, state_pool=pool, state_indices=idx, cp="off", workspace=_ws())
+    assert fs is None
+    names = [launch.name for launch in rec.last]
+    assert names == ["seq_tables_int32", "k1_prepare", "k2_ext_f32_vb32"], names
+    k2 = rec.last[-1].args
+    assert k2["initial_state"] == k2["final_state"] == pool.ptr and k2["state_index"] == idx.ptr
+    assert k2["slot_stride"] == 2 * D * D + 256 and k2["n_pool"] == 6 and k2["checkpoints"] == 0
+
+
+def test_cp_pool_call_with_checkpoints(rec):
+    from recording import call, device_buffer, problem_args
+
+    x = problem_args(H=2, lens=[4096, 1000])
+    pool = _padded_pool(3, 2, "bfloat16", 0)
+    idx = device_buffer("state_indices", (2,), "int32")
+    ck = device_buffer("checkpoints", (5096 // 64, 2, D, D), "bfloat16")
+    ix = device_buffer("checkpoint_index", (5096 // 64, 2), "int32")
+    o, fs, cps = call(x, state_pool=pool, state_indices=idx, cp=4, checkpoint_every=64, checkpoints=ck,
+                      checkpoint_index=ix, workspace=_ws())
+    assert fs is None and cps.states is ck and cps.index is ix
+    names = [launch.name for launch in rec.last]
+    assert names[:3] == ["cp_seg_tables_int32", "seq_tables_int32", "checkpoint_index"], names
+    assert "cp_merge_pool_bf16" in names and names[-1].startswith("k2_ext_segments_bf16_vb"), names
+    args = {launch.name: launch.args for launch in rec.last}
+    merge, k2 = args["cp_merge_pool_bf16"], args[names[-1]]
+    assert merge["state_pool"] == pool.ptr and merge["state_index"] == idx.ptr
+    assert k2["final_state"] == pool.ptr and k2["checkpoints"] == ck.ptr and k2["checkpoint_every"] == 64
+    assert k2["real_seq_start"] == args["seq_tables_int32"]["seq_start"]
+    assert args["checkpoint_index"]["checkpoint_index"] == ix.ptr and args["checkpoint_index"]["n_slots"] == 79
+
+
+def test_default_calls_launch_what_they_did(rec):
+    """Without the new arguments nothing changes: the same kernels as before."""
+    from recording import call, problem_args
+
+    call(problem_args(H=2, lens=[100, 60], state="float32"), cp="off", workspace=_ws())
+    assert [launch.name for launch in rec.last] == ["seq_tables_int32", "k1_prepare", "k2_inout_f32_vb32"]
