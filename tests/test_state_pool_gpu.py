@@ -73,6 +73,7 @@ def _same_bits(a, b):
 CASES = {  # name: (lengths, H, cp)
     "serial": ([300, 0, 1024, 77, 16], 4, "off"),
     "cp": ([4096, 1000, 0, 2500], 4, 4),
+    "cp_on": ([8192, 2048], 4, "on"),
 }
 
 
