@@ -228,3 +228,24 @@ def test_default_calls_launch_what_they_did(rec):
 
     call(problem_args(H=2, lens=[100, 60], state="float32"), cp="off", workspace=_ws())
     assert [launch.name for launch in rec.last] == ["seq_tables_int32", "k1_prepare", "k2_inout_f32_vb32"]
+
+
+def test_checkpoints_without_states_and_without_heads(rec):
+    """Checkpoints alone take k2_ext with no state pointers (fp32 checkpoints); with H == 0 there is
+    nothing to compute but the index table is still written on the device."""
+    from recording import call, device_buffer, problem_args
+
+    x = problem_args(H=2, lens=[200, 56])
+    ck = device_buffer("checkpoints", (4, 2, D, D), "float32")
+    ix = device_buffer("checkpoint_index", (4, 2), "int32")
+    call(x, cp="off", checkpoint_every=64, checkpoints=ck, checkpoint_index=ix, workspace=_ws())
+    names = [launch.name for launch in rec.last]
+    assert names == ["seq_tables_int32", "checkpoint_index", "k1_prepare", "k2_ext_f32_vb32"], names
+    k2 = rec.last[-1].args
+    assert k2["initial_state"] == k2["final_state"] == k2["state_index"] == 0
+    assert k2["checkpoints"] == ck.ptr and k2["n_pool"] == 2 and k2["slot_stride"] == 2 * D * D
+
+    y = problem_args(H=0, lens=[200, 56])
+    ck0 = device_buffer("checkpoints", (4, 0, D, D), "float32")
+    call(y, cp="off", checkpoint_every=64, checkpoints=ck0, checkpoint_index=ix, workspace=_ws())
+    assert [launch.name for launch in rec.last] == ["seq_tables_int32", "checkpoint_index"]
