@@ -295,3 +295,34 @@ def test_pool_with_checkpoints(cp):
     assert torch.equal(ck.index, ck_want.index)
     valid = ck.index[:, 0] >= 0
     assert _same_bits(ck.states[valid], ck_want.states[valid])
+
+
+# ------------------------------------------------------------------------------------------------
+# the torch op (kda_aot::prefill_pool)
+
+
+@pytest.mark.parametrize("pad", [0, 1024])
+def test_torch_op_and_compile_equal_the_direct_call(pad):
+    """kda_aot.torch.prefill with a pool, eager and under torch.compile(fullgraph=True), writes the
+    pool exactly as kda_aot.prefill does (a padded pool too)."""
+    import kda_aot.torch as kt
+
+    lens, H = [300, 0, 700], 4
+    x = _inputs(lens, H, seed=30)
+    idx = torch.tensor([3, 1, -1], dtype=torch.int32, device="cuda")
+    ref_pool, _ = _pool(4, H, torch.float32, pad, seed=31)
+    o_want, _ = _prefill(x, state_pool=ref_pool, state_indices=idx, cp="off")
+
+    def fn(pool):
+        o, _ = kt.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+                          cu_seqlens=x["cu_seqlens"], state_pool=pool, state_indices=idx, cp="off")
+        return o, o.float().square().sum()
+
+    eager_pool, _ = _pool(4, H, torch.float32, pad, seed=31)
+    o, _ = fn(eager_pool)
+    assert torch.equal(o, o_want) and _same_bits(eager_pool, ref_pool)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True)  # any graph break raises
+    comp_pool, _ = _pool(4, H, torch.float32, pad, seed=31)
+    o_c, _ = compiled(comp_pool)
+    assert torch.equal(o_c, o_want) and _same_bits(comp_pool, ref_pool)
