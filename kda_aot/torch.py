@@ -8,8 +8,8 @@ Why an operator and not just the Python function: torch.compile treats a registe
 one opaque node (no graph break, no tracing into ctypes), its fake implementation gives shapes
 without running anything, and functionalization knows exactly which arguments are written.
 
-Two ops, because an operator cannot return None and an operator that writes into arguments cannot
-also return them (docs/torch.md has the full schemas):
+Two ops (and a third for the state pool), because an operator cannot return None and an operator
+that writes into arguments cannot also return them (docs/torch.md has the full schemas):
 
     kda_aot::prefill(q, k, v, g, beta, A_log, dt_bias, float lower_bound=-5., float? scale=None,
         Tensor? initial_state=None, bool output_final_state=False, Tensor? cu_seqlens=None,
