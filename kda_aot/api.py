@@ -54,7 +54,7 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
             stream: Any = None, seq_lens: Optional[Sequence[int]] = None, cu_seqlens_cpu: Any = None,
             workspace: Any = None, validate: str = "device", value_split: Optional[int] = None,
             state_pool: Any = None, state_indices: Any = None, checkpoint_every: Optional[int] = None,
-            checkpoints: Any = None, checkpoint_index: Any = None) -> Tuple[Any, ...]:
+            checkpoints: Any = None, checkpoint_index: Any = None, state_indices_cpu: Any = None) -> Tuple[Any, ...]:
     """KDA prefill (docs/api.md): returns (o, final_state or None), and a third element,
     Checkpoints(states, index), when checkpoint_every is given.
 
@@ -77,8 +77,9 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
     padded apart) and `state_indices` int32 [N] on the device: sequence n starts from
     state_pool[state_indices[n]] and its final state is written back there, in place. A negative
     index (or one >= S) starts from zero and writes nothing. Replaces initial_state / final_state /
-    output_final_state. Repeated non-negative indices are refused by validate="host" and undefined
-    otherwise. `checkpoint_every=C` (a multiple of 16) also returns the state after every C tokens
+    output_final_state. Repeated non-negative indices are refused by validate="host" or when a host
+    copy is given (`state_indices_cpu`, checked on every call, no sync; it must match), and are
+    undefined otherwise. `checkpoint_every=C` (a multiple of 16) also returns the state after every C tokens
     of each sequence: Checkpoints(states [B*T // C, H, 128, 128], index int32 [B*T // C, 2]);
     `checkpoints` / `checkpoint_index` are used in place when given.
     """
@@ -103,6 +104,8 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
                                             getattr(d, "readonly", False)) for d in descs)
         ptrs = [0 if d is None else d.ptr for d in descs]
     hint = _hint_key(seq_lens, cu_seqlens_cpu)
+    if state_indices_cpu is not None:
+        _check_indices_hint(state_indices_cpu, state_indices, state_pool)
     if validate == "host":
         hint = _read_back_hint(torch, tensors, hint, stream)
         if state_indices is not None and state_pool is not None:
@@ -256,6 +259,27 @@ def _read_back_indices(torch, state_indices, state_pool, stream) -> None:
         raise RuntimeError("validate: 'host' reads state_indices back, which cannot happen while the stream is "
                            "being captured into a CUDA graph; use validate='device' there")
     check_state_indices_host(read_device_array(idx, handle).tolist(), pool.shape[0])
+
+
+def _check_indices_hint(values, state_indices, state_pool) -> None:
+    """state_indices_cpu: the caller's host copy of state_indices, checked like a read-back one
+    (no synchronisation; like seq_lens, it must match the device tensor)."""
+    if state_pool is None or state_indices is None:
+        raise ValueError("state_indices_cpu: a host copy of state_indices, given without state_pool / state_indices")
+    entries = _host_entries(values, "state_indices_cpu")
+    n = _leading_dim(state_indices, "state_indices")
+    if len(entries) != n:
+        raise ValueError(f"state_indices_cpu: expected {n} entries like state_indices, got {len(entries)}")
+    check_state_indices_host(entries, _leading_dim(state_pool, "state_pool"))
+
+
+def _leading_dim(obj, name: str) -> int:
+    shape = getattr(obj, "shape", None)
+    if shape is None or not isinstance(shape, tuple) and not hasattr(shape, "__len__"):
+        shape = describe(obj, name).shape
+    if len(shape) < 1:
+        raise ValueError(f"{name}: expected at least one dimension, got shape {tuple(shape)}")
+    return int(shape[0])
 
 
 def check_state_indices_host(values, n_slots: int) -> None:

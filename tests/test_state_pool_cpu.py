@@ -249,3 +249,31 @@ def test_checkpoints_without_states_and_without_heads(rec):
     ck0 = device_buffer("checkpoints", (4, 0, D, D), "float32")
     call(y, cp="off", checkpoint_every=64, checkpoints=ck0, checkpoint_index=ix, workspace=_ws())
     assert [launch.name for launch in rec.last] == ["seq_tables_int32", "checkpoint_index"]
+
+
+def test_host_copy_of_the_indices_is_checked_on_every_call(rec):
+    """state_indices_cpu: repeated or out-of-pool slots refused before anything runs, no read-back."""
+    from kda_aot import api
+    from recording import call, device_buffer, problem_args
+
+    def no_read_back(*a, **k):
+        raise AssertionError("state_indices_cpu must not read anything back")
+
+    x = problem_args(H=2, lens=[30, 20, 10])
+    pool = _padded_pool(4, 2, "float32", 0)
+    idx = device_buffer("state_indices", (3,), "int32")
+    api.read_device_array, saved = no_read_back, api.read_device_array
+    try:
+        call(x, state_pool=pool, state_indices=idx, state_indices_cpu=[3, -1, 0], cp="off", workspace=_ws())
+        assert len(rec.calls) == 1
+        with pytest.raises(ValueError, match=r"^state_indices: slot 3 appears at entries 0 and 2"):
+            call(x, state_pool=pool, state_indices=idx, state_indices_cpu=[3, -1, 3], cp="off", workspace=_ws())
+        with pytest.raises(ValueError, match=r"^state_indices: entry 1 = 4 is past the pool's 4 slots"):
+            call(x, state_pool=pool, state_indices=idx, state_indices_cpu=[0, 4, 1], cp="off", workspace=_ws())
+        with pytest.raises(ValueError, match=r"^state_indices_cpu: expected 3 entries like state_indices, got 2"):
+            call(x, state_pool=pool, state_indices=idx, state_indices_cpu=[0, 1], cp="off", workspace=_ws())
+        with pytest.raises(ValueError, match=r"^state_indices_cpu: a host copy of state_indices, given without"):
+            call(x, state_indices_cpu=[0, 1, 2], cp="off", workspace=_ws())
+        assert len(rec.calls) == 1, "a refused call launched something"
+    finally:
+        api.read_device_array = saved
