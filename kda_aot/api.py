@@ -274,8 +274,8 @@ def _check_indices_hint(values, state_indices, state_pool) -> None:
 
 
 def _leading_dim(obj, name: str) -> int:
-    shape = getattr(obj, "shape", None)
-    if shape is None or not isinstance(shape, tuple) and not hasattr(shape, "__len__"):
+    shape = getattr(obj, "shape", None)  # torch, CuPy, JAX, TensorDesc; else its DLPack description
+    if shape is None:
         shape = describe(obj, name).shape
     if len(shape) < 1:
         raise ValueError(f"{name}: expected at least one dimension, got shape {tuple(shape)}")
