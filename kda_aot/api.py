@@ -455,10 +455,11 @@ def workspace_size(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_
                    seq_lens: Optional[Sequence[int]] = None, cu_seqlens_cpu: Any = None,
                    value_split: Optional[int] = None, stream: Any = None, workspace: Any = None,
                    validate: str = "device", state_pool: Any = None, state_indices: Any = None,
-                   checkpoint_every: Optional[int] = None, checkpoints: Any = None, checkpoint_index: Any = None) -> int:
+                   checkpoint_every: Optional[int] = None, checkpoints: Any = None, checkpoint_index: Any = None,
+                   state_indices_cpu: Any = None) -> int:
     """Bytes of `workspace=` that prefill needs for these arguments (validated as prefill would).
-    `stream`, `workspace` and `validate` are accepted so that prefill's own keyword arguments can be
-    passed unchanged; they do not change the size."""
+    `stream`, `workspace`, `validate` and `state_indices_cpu` are accepted so that prefill's own
+    keyword arguments can be passed unchanged; they do not change the size."""
     tensors = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state, state_pool,
                state_indices, checkpoints, checkpoint_index, None)
     descs = _describe_all(tensors)
