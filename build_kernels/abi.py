@@ -40,7 +40,8 @@ def signatures(variants: Iterable[Variant]) -> list:
 _PREFILL_ARG = {
     "q": "q", "k": "k", "v": "v", "g": "g", "beta": "beta", "out": "out", "a_log": "A_log",
     "dt_bias": "dt_bias", "initial_state": "initial_state", "final_state": "final_state",
-    "cu_seqlens": "cu_seqlens",
+    "cu_seqlens": "cu_seqlens", "state_pool": "state_pool", "state_index": "state_indices",
+    "checkpoints": "checkpoints", "checkpoint_index": "checkpoint_index",
 }
 
 

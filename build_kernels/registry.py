@@ -182,10 +182,54 @@ def _cp_seg_tables() -> List[Variant]:
     return variants
 
 
+def _k2_ext() -> List[Variant]:
+    """K2 with state I/O by slot (the state pool) and checkpoints (docs/state_pool.md), serial and
+    segmented: one host entry, k2_ext. Optional pointers may be null (no entry read, no final
+    write, identity slots, no checkpoints); the state dtype is that of the final state and the
+    checkpoints (the entry of the segmented variant reads the fp32 carries)."""
+    variants = []
+    for segments in (False, True):
+        for name, dtype in (("bf16", "bfloat16"), ("f32", "float32")):
+            fp32 = dtype == "float32"
+            for vb in VALUE_BLOCKS:
+                args = (ptr("v", "bfloat16"), ptr("out", "bfloat16")) + WORKSPACE_ARGS + SEQ_ARGS + (
+                        ptr("initial_state", "float32" if segments else dtype), ptr("final_state", dtype),
+                        ptr("final_slot", "int32", 4), ptr("state_index", "int32", 4), ptr("checkpoints", dtype),
+                        ptr("real_seq_start", "int32", 4), scalar("slot_stride", "i64"), scalar("n_pool", "i32"),
+                        scalar("checkpoint_every", "i32"), scalar("n_real", "i32")) + SIZE_ARGS + (STREAM,)
+                variants.append(Variant(
+                    f"k2_ext_{'segments_' if segments else ''}{name}_vb{vb}", "k2_recurrence", "k2_ext", args,
+                    constants=(("segments", segments), ("state_fp32", fp32 or segments), ("final_fp32", fp32),
+                               ("value_block", vb))))
+    return variants
+
+
+def _cp_merge_pool() -> List[Variant]:
+    """CP merge whose initial states are slots of a state pool (docs/state_pool.md)."""
+    variants = []
+    for name, dtype in (("bf16", "bfloat16"), ("f32", "float32")):
+        args = (ptr("m_seg", "float32"), ptr("b_seg", "float32"), ptr("state_pool", dtype), ptr("carries", "float32"),
+                ptr("seg_first", "int32", 4), ptr("seg_count", "int32", 4), ptr("state_index", "int32", 4),
+                scalar("slot_stride", "i64"), scalar("n_pool", "i32"), scalar("n_seq", "i32"),
+                scalar("n_heads", "i32"), STREAM)
+        variants.append(Variant(f"cp_merge_pool_{name}", "cp_merge", "cp_merge_pool", args,
+                                constants=(("state_fp32", dtype == "float32"),)))
+    return variants
+
+
+def _checkpoint_index() -> List[Variant]:
+    """The checkpoint index table from the sequence tables (docs/state_pool.md)."""
+    args = (ptr("seq_start", "int32", 4), ptr("checkpoint_index", "int32", 4), scalar("n_seq", "i32"),
+            scalar("n_slots", "i32"), scalar("checkpoint_every", "i32"), STREAM)
+    return [Variant("checkpoint_index", "checkpoint_index", "checkpoint_index", args)]
+
+
 # The build compiles exactly these, in this order: the library addresses kernels by index, so the
 # order is part of the ABI (kda_aot/_abi.py).
 FAMILIES = {"seq_tables": _seq_tables, "k1": _k1, "k2": _k2, "approx": _approx, "cp_merge": _cp_merge,
-            "k2_segments": _k2_segments, "cp_pre_scan": _cp_pre_scan, "cp_seg_tables": _cp_seg_tables}
+            "k2_segments": _k2_segments, "cp_pre_scan": _cp_pre_scan, "cp_seg_tables": _cp_seg_tables,
+            # appended after the families above so that their kernel indices are unchanged
+            "k2_ext": _k2_ext, "cp_merge_pool": _cp_merge_pool, "checkpoint_index": _checkpoint_index}
 
 
 def all_variants() -> List[Variant]:

@@ -18,8 +18,8 @@ def _version() -> str:
 
 __version__ = _version()
 
-from .api import empty_cache, info, prefill, workspace_size, workspace_size_for  # noqa: E402
+from .api import Checkpoints, empty_cache, info, prefill, workspace_size, workspace_size_for  # noqa: E402
 from .cp_plan import CPPlan, NotSplittableError, plan_prefill  # noqa: E402
 from .loader import CudaError, KdaError, LibraryNotFoundError  # noqa: E402
 
-__all__ = ["prefill", "workspace_size", "workspace_size_for", "empty_cache", "info", "plan_prefill", "CPPlan", "NotSplittableError", "CudaError", "KdaError", "LibraryNotFoundError", "__version__"]
+__all__ = ["prefill", "Checkpoints", "workspace_size", "workspace_size_for", "empty_cache", "info", "plan_prefill", "CPPlan", "NotSplittableError", "CudaError", "KdaError", "LibraryNotFoundError", "__version__"]

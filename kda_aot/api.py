@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -24,11 +24,22 @@ from .program import SLOT, pack_inputs
 from .tensors import TensorDesc, describe
 from .stream_check import check_stream_handle, stream_device
 from .validation import (ALIGNMENT, _host_entries, check_cu_seqlens_host, check_cu_seqlens_values, check_seq_lens,
-                         int_entries, validate_prefill)
+                         extent_bytes, int_entries, validate_prefill)
 from .workspace import ARENA
 
+
+class Checkpoints(NamedTuple):
+    """The checkpoint states of a prefill with checkpoint_every=C (docs/state_pool.md).
+
+    states: [B*T // C, H, 128, 128] in the state dtype; slot s holds the state of sequence
+    index[s, 0] after its first index[s, 1] tokens. index: int32 [B*T // C, 2], (-1, -1) for a
+    slot that holds no checkpoint (its states entry is then not written)."""
+
+    states: Any
+    index: Any
+
 _TENSOR_ARGS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens", "out", "final_state",
-                "workspace")
+                "state_pool", "state_indices", "checkpoints", "checkpoint_index", "workspace")
 _VALIDATE_MODES = ("device", "host")
 
 # CallPlans by key (shapes, dtypes, devices, scalars, options; never a pointer or a caller's object).
@@ -41,8 +52,11 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
             scale: Optional[float] = None, initial_state: Any = None, output_final_state: bool = False,
             cu_seqlens: Any = None, cp: Union[str, int] = "auto", out: Any = None, final_state: Any = None,
             stream: Any = None, seq_lens: Optional[Sequence[int]] = None, cu_seqlens_cpu: Any = None,
-            workspace: Any = None, validate: str = "device", value_split: Optional[int] = None) -> Tuple[Any, Any]:
-    """KDA prefill (docs/api.md): returns (o, final_state or None).
+            workspace: Any = None, validate: str = "device", value_split: Optional[int] = None,
+            state_pool: Any = None, state_indices: Any = None, checkpoint_every: Optional[int] = None,
+            checkpoints: Any = None, checkpoint_index: Any = None, state_indices_cpu: Any = None) -> Tuple[Any, ...]:
+    """KDA prefill (docs/api.md): returns (o, final_state or None), and a third element,
+    Checkpoints(states, index), when checkpoint_every is given.
 
     q, k, v, g: bf16 [B, T, H, 128]; beta: bf16 logits [B, T, H]; A_log fp32 [H]; dt_bias fp32
     [H, 128] (or [H*128]); initial_state / final_state: [N, H, 128 (V), 128 (K)] bf16 or fp32.
@@ -58,12 +72,26 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
     sequences when that pays, "off" never, "on" always (NotSplittableError when it cannot), an int
     forces up to that many segments per sequence (tests). `value_split` forces the K2 value-column
     split (1, 2 or 4; tests and benchmarks).
+
+    State pool (docs/state_pool.md): `state_pool` [S, H, 128, 128] bf16 or fp32 (slots may be
+    padded apart) and `state_indices` int32 [N] on the device: sequence n starts from
+    state_pool[state_indices[n]] and its final state is written back there, in place. A negative
+    index (or one >= S) starts from zero and writes nothing. Replaces initial_state / final_state /
+    output_final_state. Repeated non-negative indices are refused by validate="host" or when a host
+    copy is given (`state_indices_cpu`, checked on every call, no sync; it must match), and are
+    undefined otherwise. `checkpoint_every=C` (a multiple of 16) also returns the state after every C tokens
+    of each sequence: Checkpoints(states [B*T // C, H, 128, 128], index int32 [B*T // C, 2]);
+    `checkpoints` / `checkpoint_index` are used in place when given.
     """
     if final_state is not None and not output_final_state:
         raise ValueError("final_state: a buffer was given but output_final_state=False")
+    if state_pool is not None and output_final_state:
+        raise ValueError("state_pool: cannot be combined with output_final_state; the final states are written "
+                         "back into the pool at state_indices")
     if validate not in _VALIDATE_MODES:
         raise ValueError(f"validate: expected 'device' or 'host', got {validate!r}")
-    tensors = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state, workspace)
+    tensors = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state, state_pool,
+               state_indices, checkpoints, checkpoint_index, workspace)
     torch = sys.modules.get("torch")
     intake = None if torch is None else _torch_intake(torch.Tensor, tensors)
     if intake is not None:
@@ -76,10 +104,16 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
                                             getattr(d, "readonly", False)) for d in descs)
         ptrs = [0 if d is None else d.ptr for d in descs]
     hint = _hint_key(seq_lens, cu_seqlens_cpu)
+    if state_indices_cpu is not None:
+        _check_indices_hint(state_indices_cpu, state_indices, state_pool)
     if validate == "host":
         hint = _read_back_hint(torch, tensors, hint, stream)
+        if state_indices is not None and state_pool is not None:
+            _read_back_indices(torch, state_indices, state_pool, stream)
+    # a torch tensor's signature holds its contiguity only: the pool's slot stride joins the key
+    pool_stride = state_pool.stride() if intake is not None and state_pool is not None else None
     options = (type(lower_bound), lower_bound, type(scale), scale, bool(output_final_state), type(cp), cp,
-               hint, value_split)
+               hint, value_split, type(checkpoint_every), checkpoint_every, pool_stride)
     try:
         key = (sig, options)
         plan = _PLANS.get(key)
@@ -87,32 +121,39 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
         key, plan = None, None
     if plan is None:
         descs = descs or _describe_all(tensors)
-        plan = _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split)
+        plan = _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split, checkpoint_every)
         if key is not None:
             _remember(key, plan)
     try:
         plan.check_pointers(ptrs)
     except UnsafePointers:
         descs = descs or _describe_all(tensors)
-        _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split)  # raises, naming it
+        _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split,
+                    checkpoint_every)  # raises, naming it
         if descs[-1] is not None:  # the wall does not know the workspace: it overlaps something
             raise ValueError("workspace: overlaps an input or output of the call; pass a separate buffer")
         raise KdaError("internal error: a pointer check failed that the validation wall accepts")
 
     problem = plan.problem
     handle = _stream(torch, stream, problem.device_id)
-    outputs = _allocate(torch, q, plan, out, final_state, workspace, handle, stream)
-    o, fs, ws_obj = outputs
+    outputs = _allocate(torch, q, plan, out, final_state, workspace, handle, stream, checkpoints, checkpoint_index)
+    o, fs, ws_obj, ck, ck_index = outputs
     if torch is not None:
         ptrs[SLOT["out"]] = o.data_ptr()
         if fs is not None:
             ptrs[SLOT["final_state"]] = fs.data_ptr()
         if ws_obj is not None:
             ptrs[SLOT["workspace"]] = ws_obj.data_ptr()
+        if ck is not None:
+            ptrs[SLOT["checkpoints"]] = ck.data_ptr()
+            ptrs[SLOT["checkpoint_index"]] = ck_index.data_ptr()
     else:
         ptrs[SLOT["out"]] = describe(o, "out").ptr
         if fs is not None:
             ptrs[SLOT["final_state"]] = describe(fs, "final_state").ptr
+        if ck is not None:
+            ptrs[SLOT["checkpoints"]] = describe(ck, "checkpoints").ptr
+            ptrs[SLOT["checkpoint_index"]] = describe(ck_index, "checkpoint_index").ptr
     ptrs.append(handle)
     program = plan.launch.program
     if torch is None and not plan.workspace_given and plan.workspace_bytes:
@@ -121,6 +162,8 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
             program.run(pack_inputs(ptrs))
     else:
         program.run(pack_inputs(ptrs))
+    if ck is not None:
+        return o, (fs if output_final_state else None), Checkpoints(ck, ck_index)
     return o, (fs if output_final_state else None)
 
 
@@ -204,6 +247,55 @@ def _read_back_hint(torch, tensors, hint, stream):
     return read
 
 
+def _read_back_indices(torch, state_indices, state_pool, stream) -> None:
+    """validate="host" with a state pool: copy state_indices back (a synchronisation) and refuse
+    an index past the pool or a slot used by two sequences (their reads and writes would race)."""
+    idx = describe(state_indices, "state_indices")
+    pool = describe(state_pool, "state_pool")
+    if idx.device != "cuda" or len(idx.shape) != 1 or idx.dtype != "int32" or len(pool.shape) != 4:
+        return  # the wall refuses it, naming it
+    handle = _stream(torch, stream, idx.device_id)
+    if streams.is_capturing(handle):
+        raise RuntimeError("validate: 'host' reads state_indices back, which cannot happen while the stream is "
+                           "being captured into a CUDA graph; use validate='device' there")
+    check_state_indices_host(read_device_array(idx, handle).tolist(), pool.shape[0])
+
+
+def _check_indices_hint(values, state_indices, state_pool) -> None:
+    """state_indices_cpu: the caller's host copy of state_indices, checked like a read-back one
+    (no synchronisation; like seq_lens, it must match the device tensor)."""
+    if state_pool is None or state_indices is None:
+        raise ValueError("state_indices_cpu: a host copy of state_indices, given without state_pool / state_indices")
+    entries = _host_entries(values, "state_indices_cpu")
+    n = _leading_dim(state_indices, "state_indices")
+    if len(entries) != n:
+        raise ValueError(f"state_indices_cpu: expected {n} entries like state_indices, got {len(entries)}")
+    check_state_indices_host(entries, _leading_dim(state_pool, "state_pool"))
+
+
+def _leading_dim(obj, name: str) -> int:
+    shape = getattr(obj, "shape", None)  # torch, CuPy, JAX, TensorDesc; else its DLPack description
+    if shape is None:
+        shape = describe(obj, name).shape
+    if len(shape) < 1:
+        raise ValueError(f"{name}: expected at least one dimension, got shape {tuple(shape)}")
+    return int(shape[0])
+
+
+def check_state_indices_host(values, n_slots: int) -> None:
+    """Host copy of state_indices: each entry < n_slots, no non-negative slot twice (negative
+    entries are PAD_SLOT_ID-style "no state" and may repeat)."""
+    seen = {}
+    for i, x in enumerate(int_entries(values, "state_indices")):
+        if x >= n_slots:
+            raise ValueError(f"state_indices: entry {i} = {x} is past the pool's {n_slots} slots")
+        if x >= 0:
+            if x in seen:
+                raise ValueError(f"state_indices: slot {x} appears at entries {seen[x]} and {i}; every sequence "
+                                 "needs its own slot (two sequences on one slot would race in place)")
+            seen[x] = i
+
+
 def read_device_array(desc: TensorDesc, stream: int) -> np.ndarray:
     """Copy a small device array to the host, ordered after the work already on `stream`."""
     from cuda.bindings import driver
@@ -221,13 +313,20 @@ def read_device_array(desc: TensorDesc, stream: int) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 # plans
 
-def _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split) -> CallPlan:
+def _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split,
+                checkpoint_every=None) -> CallPlan:
     """The whole wall on this call's descriptions, then the plan (raises naming the argument)."""
     t = dict(zip(_TENSOR_ARGS, descs))
     problem = validate_prefill(q=t["q"], k=t["k"], v=t["v"], g=t["g"], beta=t["beta"], A_log=t["A_log"],
                                dt_bias=t["dt_bias"], lower_bound=lower_bound, scale=scale,
                                initial_state=t["initial_state"], final_state=t["final_state"],
-                               cu_seqlens=t["cu_seqlens"], out=t["out"], cp=cp)
+                               cu_seqlens=t["cu_seqlens"], out=t["out"], cp=cp, state_pool=t["state_pool"],
+                               state_indices=t["state_indices"], checkpoint_every=checkpoint_every,
+                               checkpoints=t["checkpoints"], checkpoint_index=t["checkpoint_index"])
+    if problem.checkpoint_every and problem.state_dtype is None:
+        import dataclasses
+
+        problem = dataclasses.replace(problem, state_dtype="float32")  # checkpoints default to fp32 like final states
     if output_final_state and not problem.has_final:
         # One state dtype per call (the kernels keep a single state format): the allocated final
         # state follows initial_state's dtype, fp32 when there is none.
@@ -244,7 +343,7 @@ def _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_s
     streams.check_architecture(problem.device_id)
     sms = streams.sm_count(problem.device_id) if problem.N and problem.H else 1
     given = {name: d is not None for name, d in t.items()}
-    nbytes = {name: (d.nbytes if d is not None else 0) for name, d in t.items()}
+    nbytes = {name: (extent_bytes(d) if d is not None else 0) for name, d in t.items()}
     alignment = {name: ALIGNMENT[name][d.dtype] for name, d in t.items() if d is not None and name in ALIGNMENT}
     plan = call_plan.build(lib, problem, lengths=lengths, sm_count=sms, value_split=value_split, given=given,
                            nbytes=nbytes, alignment=alignment)
@@ -294,11 +393,22 @@ def _stream(torch, stream, device_id: int) -> int:
 _KNOWN_STREAMS: set = set()
 
 
-def _allocate(torch, q, plan: CallPlan, out, final_state, workspace, handle: int, stream):
+def _allocate(torch, q, plan: CallPlan, out, final_state, workspace, handle: int, stream, checkpoints=None,
+              checkpoint_index=None):
     """The outputs and workspace the caller did not pass. With torch they come from its caching
     allocator, which ties a block to the current stream: when the call runs on another stream,
     each block records that stream too, so it is not reused before this call's kernels finish."""
     new = []
+    if plan.alloc_checkpoints:
+        dtype = plan.problem.state_dtype
+        checkpoints = (q.new_empty(plan.checkpoint_shape, dtype=getattr(torch, dtype)) if torch is not None
+                       else _empty_like(q, plan.checkpoint_shape, dtype))
+        new.append(checkpoints)
+    if plan.alloc_checkpoint_index:
+        shape = (plan.problem.n_checkpoints, 2)
+        checkpoint_index = (q.new_empty(shape, dtype=torch.int32) if torch is not None
+                            else _empty_like(q, shape, "int32"))
+        new.append(checkpoint_index)
     if out is None:
         out = q.new_empty(plan.out_shape) if torch is not None else _empty_like(q, plan.out_shape, "bfloat16")
         new.append(out)
@@ -317,7 +427,7 @@ def _allocate(torch, q, plan: CallPlan, out, final_state, workspace, handle: int
             side = torch.cuda.ExternalStream(handle, device=q.device)
             for t in new:
                 t.record_stream(side)
-    return out, final_state, ws
+    return out, final_state, ws, checkpoints, checkpoint_index
 
 
 def _empty_like(ref, shape, dtype: str):
@@ -326,7 +436,7 @@ def _empty_like(ref, shape, dtype: str):
     if module == "cupy":
         cupy = sys.modules["cupy"]
         with cupy.cuda.Device(ref.device.id):
-            return cupy.empty(shape, dtype=np.dtype("float32") if dtype == "float32" else _ml_bf16())
+            return cupy.empty(shape, dtype=np.dtype(dtype) if dtype in ("float32", "int32") else _ml_bf16())
     raise TypeError(f"out: inputs from {module} cannot be allocated here; pass out= (and final_state=)")
 
 
@@ -344,32 +454,42 @@ def workspace_size(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_
                    cu_seqlens: Any = None, cp: Union[str, int] = "auto", out: Any = None, final_state: Any = None,
                    seq_lens: Optional[Sequence[int]] = None, cu_seqlens_cpu: Any = None,
                    value_split: Optional[int] = None, stream: Any = None, workspace: Any = None,
-                   validate: str = "device") -> int:
+                   validate: str = "device", state_pool: Any = None, state_indices: Any = None,
+                   checkpoint_every: Optional[int] = None, checkpoints: Any = None, checkpoint_index: Any = None,
+                   state_indices_cpu: Any = None) -> int:
     """Bytes of `workspace=` that prefill needs for these arguments (validated as prefill would).
-    `stream`, `workspace` and `validate` are accepted so that prefill's own keyword arguments can be
-    passed unchanged; they do not change the size."""
-    tensors = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state, None)
+    `stream`, `workspace`, `validate` and `state_indices_cpu` are accepted so that prefill's own
+    keyword arguments can be passed unchanged; they do not change the size."""
+    tensors = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state, state_pool,
+               state_indices, checkpoints, checkpoint_index, None)
     descs = _describe_all(tensors)
     hint = _hint_key(seq_lens, cu_seqlens_cpu)
-    return _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split).workspace_bytes
+    if state_pool is not None and output_final_state:
+        raise ValueError("state_pool: cannot be combined with output_final_state; the final states are written "
+                         "back into the pool at state_indices")
+    return _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split,
+                       checkpoint_every).workspace_bytes
 
 
 def workspace_size_for(T: int, H: int, *, N: int = 1, varlen: bool = False, cu_dtype: str = "int32",
                        seq_lens: Optional[Sequence[int]] = None, cp: Union[str, int] = "auto", sm_count: int = 132,
-                       has_initial: bool = False, has_final: bool = False) -> int:
+                       has_initial: bool = False, has_final: bool = False,
+                       checkpoint_every: Optional[int] = None) -> int:
     """Bytes of workspace for a problem given by its shapes: dense [N, T] (varlen=False) or packed T
     tokens in N sequences (varlen=True, optional host `seq_lens`), H heads, on `sm_count` SMs."""
     from . import launcher
-    from .validation import Problem, parse_cp
+    from .validation import Problem, check_checkpoint_every, parse_cp
 
     for name, value in (("T", T), ("H", H), ("N", N), ("sm_count", sm_count)):
         if type(value) is not int or value < (1 if name in ("H", "sm_count") else 0):
             raise ValueError(f"{name}: expected a non-negative int{' >= 1' if name in ('H', 'sm_count') else ''}, "
                              f"got {value!r}")
     B = 1 if varlen else N
+    every = check_checkpoint_every(checkpoint_every)
     problem = Problem(B=B, T=T, H=H, N=N, varlen=varlen, cu_dtype=cu_dtype if varlen else None,
                       state_dtype="float32" if (has_initial or has_final) else None, has_initial=has_initial,
-                      has_final=has_final, scale=D ** -0.5, lower_bound=-5.0, device_id=0, cp=parse_cp(cp))
+                      has_final=has_final, scale=D ** -0.5, lower_bound=-5.0, device_id=0, cp=parse_cp(cp),
+                      checkpoint_every=every, n_checkpoints=(B * T) // every if every else 0)
     if varlen:
         lengths = _hint_lengths(_hint_key(seq_lens, None), N, T)
     else:

@@ -181,6 +181,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-fla", action="store_true", help="skip FLA even when it is importable (Triton autotuning is slow)")
     parser.add_argument("--sweep-cp", action="store_true",
                         help="time forced CP segment counts x value splits on the CP suite (planner tuning)")
+    parser.add_argument("--checkpoint-cost", action="store_true",
+                        help="time checkpoint_every=64 against no checkpoints (H=64 [8192], serial and CP H=8)")
     args = parser.parse_args(argv)
     # Checked before anything is imported or allocated: a machine that cannot run the benchmark
     # gets one line and exit status 2, not a traceback (kda_aot/cli_checks.py).
@@ -196,6 +198,8 @@ def main(argv=None) -> int:
     cases = {"serial": SERIAL_SUITE, "cp": CP_SUITE, "all": SERIAL_SUITE + CP_SUITE}[args.suite]
     if args.sweep_cp:
         return sweep_cp(args)
+    if args.checkpoint_cost:
+        return checkpoint_cost(args)
     bw = copy_bandwidth()
     print(f"kda-aot {kda_aot.__version__} on {torch.cuda.get_device_name()}, copy bandwidth {bw / 1e12:.2f} TB/s, "
           f"median of {args.iters} CUDA-event timings around single calls after {args.warmup} warm-ups", flush=True)
@@ -320,6 +324,37 @@ def host_cost_table(n_sets: int = 64) -> str:
                       ("CP auto H=4 [8192], buffers given", looping(cp, given=True))):
         lines.append(f"| {label} | {host_us(fn):.1f} |")
     return "\n".join(lines)
+
+
+CHECKPOINT_CASES = [(64, [8192], "off"), (8, [8192], "auto")]
+
+
+def checkpoint_cost(args, every: int = 64) -> int:
+    """What checkpoint_every adds (docs/state_pool.md): the same call with given buffers, with and
+    without checkpoints (fresh checkpoint buffers are given too, so only kernel time differs)."""
+    import torch
+
+    import kda_aot
+
+    print(f"checkpoint_every={every}: median of {args.iters} CUDA-event timings, given outputs, bf16 states")
+    for H, lens, cp in CHECKPOINT_CASES:
+        x, cu, out, final = make_case(H, lens)
+        T = sum(lens)
+        ck = torch.empty(T // every, H, 128, 128, device="cuda", dtype=torch.bfloat16)
+        ix = torch.empty(T // every, 2, device="cuda", dtype=torch.int32)
+
+        def call(checkpoints):
+            extra = dict(checkpoint_every=every, checkpoints=ck, checkpoint_index=ix) if checkpoints else {}
+            return kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"],
+                                   dt_bias=x["dt_bias"], initial_state=x["initial_state"], output_final_state=True,
+                                   cu_seqlens=cu, seq_lens=lens, out=out, final_state=final, cp=cp, **extra)
+        base = time_ms(lambda: call(False), args.iters, args.warmup)
+        with_ck = time_ms(lambda: call(True), args.iters, args.warmup)
+        written = ck.numel() * ck.element_size()
+        print(f"  H={H} {shape_key(lens)} cp={cp}: {base:.3f} ms -> {with_ck:.3f} ms with checkpoints "
+              f"(+{(with_ck / base - 1) * 100:.1f} %, {T // every} checkpoints, {written / 2**20:.0f} MiB written)",
+              flush=True)
+    return 0
 
 
 def sweep_cp(args) -> int:

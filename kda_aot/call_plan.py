@@ -44,6 +44,11 @@ class CallPlan:
     written: Tuple[Tuple[int, int], ...]
     read: Tuple[Tuple[int, int], ...]
     workspace_given: bool
+    # checkpoints (docs/state_pool.md): shape of the states, and whether the call allocates them
+    # and the index table (checkpoint_every without checkpoints= / checkpoint_index=)
+    checkpoint_shape: Optional[Tuple[int, ...]] = None
+    alloc_checkpoints: bool = False
+    alloc_checkpoint_index: bool = False
 
     @property
     def workspace_bytes(self) -> int:
@@ -123,14 +128,18 @@ def build(lib, problem: Problem, *, lengths: Optional[Tuple[int, ...]], sm_count
              if g and name != "workspace" and nbytes[name] > 0 and alignment.get(name, 1) > 1]
     if given.get("workspace"):
         align.append((SLOT["workspace"], WORKSPACE_ALIGN - 1))
-    written = [(SLOT[n], nbytes[n]) for n in ("out", "final_state", "workspace") if given.get(n) and nbytes[n] > 0]
+    written = [(SLOT[n], nbytes[n]) for n in ("out", "final_state", "checkpoints", "checkpoint_index", "state_pool",
+                                              "workspace") if given.get(n) and nbytes[n] > 0]
     read = [(SLOT[n], nbytes[n]) for n in ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state",
-                                           "cu_seqlens") if given.get(n) and nbytes[n] > 0]
+                                           "cu_seqlens", "state_indices") if given.get(n) and nbytes[n] > 0]
     has_final = problem.has_final
     return CallPlan(
         problem=problem, launch=launch, out_shape=(problem.B, problem.T, problem.H, D),
         final_shape=(problem.N, problem.H, D, D) if has_final else None,
         final_dtype=problem.state_dtype if has_final else None,
         alloc_final=has_final and not given.get("final_state"),
+        checkpoint_shape=(problem.n_checkpoints, problem.H, D, D) if problem.checkpoint_every else None,
+        alloc_checkpoints=bool(problem.checkpoint_every) and not given.get("checkpoints"),
+        alloc_checkpoint_index=bool(problem.checkpoint_every) and not given.get("checkpoint_index"),
         align=tuple(align), written=tuple(written), read=tuple(read),
         workspace_given=bool(given.get("workspace")))

@@ -84,16 +84,57 @@ def cp_tile_capacity(problem: Problem, seg: Segmentation) -> int:
 
 
 def cp_problem_layout(problem: Problem, seg: Segmentation):
-    return cp_layout(problem.H, cp_tile_capacity(problem, seg), problem.N, seg.max_segments)
+    return cp_layout(problem.H, cp_tile_capacity(problem, seg), problem.N, seg.max_segments,
+                     sequence_tables=problem.checkpoint_every > 0)
+
+
+def _index_only(problem: Problem) -> bool:
+    """No head to compute, but a checkpoint index table to write (H == 0 with T // C slots)."""
+    return problem.N > 0 and problem.H == 0 and problem.n_checkpoints > 0
 
 
 def workspace_bytes(problem: Problem, seg: Optional[Segmentation]) -> int:
     """Bytes of workspace the call needs (0 for empty work)."""
+    if _index_only(problem):
+        return serial_layout(problem).nbytes
     if problem.N == 0 or problem.H == 0:
         return 0
     if seg is None:
         return serial_layout(problem).nbytes
     return cp_problem_layout(problem, seg).nbytes
+
+
+def uses_k2_ext(problem: Problem) -> bool:
+    """State I/O by slot or checkpoints: K2 through its k2_ext entry (docs/state_pool.md)."""
+    return problem.pooled or problem.checkpoint_every > 0
+
+
+def _checkpoint_index(prog: Program, problem: Problem, seq_start: Ref) -> None:
+    """The checkpoint index table, from the (clamped) sequence tables: every entry on every call."""
+    if problem.n_checkpoints:
+        prog.add("checkpoint_index", dict(seq_start=seq_start, checkpoint_index=Ref("checkpoint_index"),
+                                          n_seq=problem.N, n_slots=problem.n_checkpoints,
+                                          checkpoint_every=problem.checkpoint_every, stream=STREAM))
+
+
+def _k2_ext_args(problem: Problem, initial: Optional[Ref]) -> dict:
+    """k2_ext's state arguments: the pool (slots state_indices[n], its slot stride), or the plain
+    states as a pool with slot n and a dense stride, and the checkpoints."""
+    if problem.pooled:
+        initial = Ref("state_pool") if initial is None else initial
+        final, index, stride, n_pool = Ref("state_pool"), Ref("state_indices"), problem.slot_stride, problem.n_pool
+    else:
+        if initial is None and problem.has_initial:
+            initial = Ref("initial_state")
+        final = Ref("final_state") if problem.has_final else NULL
+        index, stride, n_pool = NULL, problem.H * planner.D * planner.D, problem.N
+    every = problem.checkpoint_every
+    return dict(initial_state=initial, final_state=final, state_index=index, slot_stride=stride, n_pool=n_pool,
+                checkpoints=Ref("checkpoints") if every else NULL, checkpoint_every=every, n_real=problem.N)
+
+
+def _ext_dtype(problem: Problem) -> str:
+    return "f32" if (problem.state_dtype or "float32") == "float32" else "bf16"
 
 
 def serial_launch(lib: KernelLibrary, problem: Problem, sm_count: int, value_split: Optional[int] = None) -> Launch:
@@ -102,14 +143,28 @@ def serial_launch(lib: KernelLibrary, problem: Problem, sm_count: int, value_spl
                                state_dtype=problem.state_dtype, sm_count=sm_count,
                                value_split_override=value_split)
     prog = Program(lib, problem.device_id)
+    if _index_only(problem):
+        layout = serial_layout(problem)
+        off = layout.pointers(0)
+        _sequence_tables(prog, problem, off, problem.N)
+        _checkpoint_index(prog, problem, ws(off["seq_start"]))
+        return Launch(prog.finish(), layout.nbytes, "serial")
     if problem.N == 0 or problem.H == 0:
         return Launch(prog.finish(), 0, "empty")  # nothing to compute or write (docs/algorithm.md §1.4)
     cap = plan.tile_capacity
     layout = serial_layout(problem)
     off = layout.pointers(0)
     _sequence_tables(prog, problem, off, problem.N)
+    _checkpoint_index(prog, problem, ws(off["seq_start"]))
     if cap > 0:
         _k1(prog, problem, off, problem.N, cap)
+    if uses_k2_ext(problem):
+        prog.add(f"k2_ext_{_ext_dtype(problem)}_vb{plan.k2_constants['value_block']}", dict(
+            v=Ref("v"), out=Ref("out"), **_workspace_args(off), seq_start=ws(off["seq_start"]),
+            tile_prefix=ws(off["tile_prefix"]), final_slot=NULL, real_seq_start=ws(off["seq_start"]),
+            **_k2_ext_args(problem, None), t_total=problem.B * problem.T, n_seq=problem.N, n_heads=problem.H,
+            cap=cap, stream=STREAM))
+        return Launch(prog.finish(), layout.nbytes, "serial")
     k2 = planner.select_variant(lib.kernels.values(), "k2_recurrence", plan.k2_constants)
     prog.add(k2.name, dict(
         v=Ref("v"), out=Ref("out"), **_workspace_args(off), seq_start=ws(off["seq_start"]),
@@ -146,6 +201,12 @@ def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count:
         prog.add(f"cp_seg_tables_{problem.cu_dtype}", dict(tables, cu_seqlens=Ref("cu_seqlens"), t_total=t_total))
     else:
         prog.add("cp_seg_tables_dense", dict(tables, seq_len=problem.T))
+    if problem.checkpoint_every:
+        # the sequences' own tables: the index table and the segments' checkpoint positions count
+        # tokens from where each sequence starts
+        _sequence_tables(prog, problem, dict(seq_start=off["real_seq_start"], tile_prefix=off["real_tile_prefix"]),
+                         N)
+        _checkpoint_index(prog, problem, ws(off["real_seq_start"]))
     _k1(prog, problem, off, S, cap)
     seg_tables = dict(seq_start=ws(off["seq_start"]), tile_prefix=ws(off["tile_prefix"]))
     n_scan = S - N  # a bound on the non-last segments; scan_seg marks the unused entries -1
@@ -154,16 +215,27 @@ def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count:
             v=Ref("v"), ws_kd=ws(off["kd"]), ws_kr=ws(off["kr"]), ws_gt=ws(off["gt"]), ws_inv=ws(off["inv"]),
             ws_bsig=ws(off["bsig"]), **seg_tables, scan_seg=ws(off["scan_seg"]), b_seg=ws(off["b_seg"]),
             m_seg=ws(off["m_seg"]), n_scan=n_scan, n_heads=H, cap=cap, stream=STREAM))
-    merge = "nostate" if not problem.has_initial else ("f32" if problem.state_dtype == "float32" else "bf16")
-    prog.add(f"cp_merge_{merge}", dict(
-        m_seg=ws(off["m_seg"]), b_seg=ws(off["b_seg"]),
-        initial_state=Ref("initial_state") if problem.has_initial else NULL, carries=ws(off["carries"]),
-        seg_first=ws(off["seg_first"]), seg_count=ws(off["seg_count"]), n_seq=N, n_heads=H, stream=STREAM))
+    if problem.pooled:
+        prog.add(f"cp_merge_pool_{_ext_dtype(problem)}", dict(
+            m_seg=ws(off["m_seg"]), b_seg=ws(off["b_seg"]), state_pool=Ref("state_pool"), carries=ws(off["carries"]),
+            seg_first=ws(off["seg_first"]), seg_count=ws(off["seg_count"]), state_index=Ref("state_indices"),
+            slot_stride=problem.slot_stride, n_pool=problem.n_pool, n_seq=N, n_heads=H, stream=STREAM))
+    else:
+        merge = "nostate" if not problem.has_initial else ("f32" if problem.state_dtype == "float32" else "bf16")
+        prog.add(f"cp_merge_{merge}", dict(
+            m_seg=ws(off["m_seg"]), b_seg=ws(off["b_seg"]),
+            initial_state=Ref("initial_state") if problem.has_initial else NULL, carries=ws(off["carries"]),
+            seg_first=ws(off["seg_first"]), seg_count=ws(off["seg_count"]), n_seq=N, n_heads=H, stream=STREAM))
     # Segments start from their carries (fp32, rounded to bf16 on entry exactly as serial K2 rounds
     # an fp32 initial state); each sequence's last segment writes its final state.
     sizes = dict(t_total=t_total, n_seq=S, n_heads=H, cap=cap, stream=STREAM)
     common = dict(v=Ref("v"), out=Ref("out"), **_workspace_args(off), **seg_tables)
-    if not problem.has_final:
+    if uses_k2_ext(problem):
+        real = off["real_seq_start"] if problem.checkpoint_every else off["seq_start"]
+        prog.add(f"k2_ext_segments_{_ext_dtype(problem)}_vb{vb}", dict(
+            common, final_slot=ws(off["final_slot"]), real_seq_start=ws(real),
+            **_k2_ext_args(problem, ws(off["carries"])), **sizes))
+    elif not problem.has_final:
         k2 = planner.select_variant(lib.kernels.values(), "k2_recurrence",
                                     {"has_initial": True, "has_final": False, "state_fp32": True, "value_block": vb})
         prog.add(k2.name, dict(common, initial_state=ws(off["carries"]), final_state=NULL, **sizes))

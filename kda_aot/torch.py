@@ -8,8 +8,8 @@ Why an operator and not just the Python function: torch.compile treats a registe
 one opaque node (no graph break, no tracing into ctypes), its fake implementation gives shapes
 without running anything, and functionalization knows exactly which arguments are written.
 
-Two ops, because an operator cannot return None and an operator that writes into arguments cannot
-also return them (docs/torch.md has the full schemas):
+Two ops (and a third for the state pool), because an operator cannot return None and an operator
+that writes into arguments cannot also return them (docs/torch.md has the full schemas):
 
     kda_aot::prefill(q, k, v, g, beta, A_log, dt_bias, float lower_bound=-5., float? scale=None,
         Tensor? initial_state=None, bool output_final_state=False, Tensor? cu_seqlens=None,
@@ -22,6 +22,10 @@ also return them (docs/torch.md has the full schemas):
         seq_lens, cp) -> ()
       writes o into `out` and, when given, the final state into `final_state`; `workspace` is
       scratch the kernels write.
+
+    kda_aot::prefill_pool(q, k, v, g, beta, A_log, dt_bias, Tensor(a!) state_pool, Tensor state_indices,
+        lower_bound, scale, cu_seqlens, cu_seqlens_cpu, seq_lens, cp) -> Tensor
+      returns o; reads and writes the state pool in place (docs/state_pool.md).
 
 Both run `kda_aot.prefill` on torch's current stream, so they work inside CUDA graph capture
 as the plain call does. They have no autograd formula: a forward with inputs that require grad
@@ -104,8 +108,30 @@ def _prefill_out_fake(q, k, v, g, beta, A_log, dt_bias, out, final_state, worksp
     return None
 
 
+# ---------------------------------------------------------------------------------------------
+# kda_aot::prefill_pool (reads and writes a state pool in place, docs/state_pool.md)
+
+@torch.library.custom_op("kda_aot::prefill_pool", mutates_args=("state_pool",), tags=_TAGS)
+def _prefill_pool_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     A_log: torch.Tensor, dt_bias: torch.Tensor, state_pool: torch.Tensor,
+                     state_indices: torch.Tensor, lower_bound: float = -5.0, scale: Optional[float] = None,
+                     cu_seqlens: Optional[torch.Tensor] = None, cu_seqlens_cpu: Optional[torch.Tensor] = None,
+                     seq_lens: Optional[List[int]] = None, cp: str = "auto") -> torch.Tensor:
+    o, _ = api.prefill(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, scale=scale,
+                       cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, seq_lens=seq_lens, cp=cp,
+                       state_pool=state_pool, state_indices=state_indices)
+    return o
+
+
+@_prefill_pool_op.register_fake
+def _prefill_pool_fake(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, lower_bound=-5.0, scale=None,
+                       cu_seqlens=None, cu_seqlens_cpu=None, seq_lens=None, cp="auto"):
+    return q.new_empty(q.shape)
+
+
 PREFILL = torch.ops.kda_aot.prefill.default
 PREFILL_OUT = torch.ops.kda_aot.prefill_out.default
+PREFILL_POOL = torch.ops.kda_aot.prefill_pool.default
 
 
 # ---------------------------------------------------------------------------------------------
@@ -113,7 +139,8 @@ PREFILL_OUT = torch.ops.kda_aot.prefill_out.default
 
 def prefill(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0, scale: Optional[float] = None,
             initial_state=None, output_final_state: bool = False, cu_seqlens=None, cu_seqlens_cpu=None,
-            seq_lens: Optional[List[int]] = None, cp: str = "auto", out=None, final_state=None, workspace=None):
+            seq_lens: Optional[List[int]] = None, cp: str = "auto", out=None, final_state=None, workspace=None,
+            state_pool=None, state_indices=None):
     """kda_aot.prefill through the torch ops: returns (o, final_state or None).
 
     Same arguments and checks as kda_aot.prefill (README, kda_aot/api.py), less `stream=` (the op
@@ -126,6 +153,17 @@ def prefill(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0, scal
     if final_state is not None and not output_final_state:
         raise ValueError("final_state: a buffer was given but output_final_state=False")
     hint = _host_tensor(cu_seqlens_cpu)
+    if state_pool is not None or state_indices is not None:
+        # kda_aot::prefill_pool: the pool is the only written argument besides the returned o
+        for name, value in (("initial_state", initial_state), ("output_final_state", output_final_state or None),
+                            ("out", out), ("final_state", final_state), ("workspace", workspace)):
+            if value is not None:
+                raise ValueError(f"state_pool: kda_aot.torch.prefill takes no {name} with a state pool "
+                                 "(kda_aot.prefill documents the pool; call it directly for out= / workspace=)")
+        if state_pool is None or state_indices is None:
+            raise ValueError("state_indices: state_pool and state_indices go together")
+        return PREFILL_POOL(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, lower_bound, scale,
+                            cu_seqlens, hint, seq_lens, cp), None
     if out is None and final_state is None and workspace is None:
         o, final = PREFILL(q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, initial_state, output_final_state,
                            cu_seqlens, hint, seq_lens, cp)
@@ -151,4 +189,4 @@ def _host_tensor(values):
 
 from .fla_compat import chunk_kda  # noqa: E402  (uses the ops above)
 
-__all__ = ["prefill", "chunk_kda", "PREFILL", "PREFILL_OUT"]
+__all__ = ["prefill", "chunk_kda", "PREFILL", "PREFILL_OUT", "PREFILL_POOL"]

@@ -47,15 +47,27 @@ class Problem:
     lower_bound: float
     device_id: int
     cp: CpMode = "off"  # parse_cp(cp): "off" | "auto" | "on" | segments per sequence
+    # State pool by slot index (docs/state_pool.md): states are rows of state_pool [n_pool, H, 128,
+    # 128] with a slot stride of slot_stride elements, selected per sequence by state_indices.
+    pooled: bool = False
+    n_pool: int = 0
+    slot_stride: int = 0
+    # Checkpoint states every checkpoint_every tokens (0: none) into n_checkpoints = B*T // C slots.
+    checkpoint_every: int = 0
+    n_checkpoints: int = 0
 
 
 # --------------------------------------------------------------------------------------------
 # Argument tables
 
 _REQUIRED = ("q", "k", "v", "g", "beta", "A_log", "dt_bias")
-_OPTIONAL = ("out", "initial_state", "final_state", "cu_seqlens")
-_INPUTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens")
-_OUTPUTS = ("out", "final_state")
+_OPTIONAL = ("out", "initial_state", "final_state", "cu_seqlens", "state_pool", "state_indices", "checkpoints",
+             "checkpoint_index")
+_INPUTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens", "state_indices")
+# Written in place. state_pool is read too (its entry states) but written where it is read: it
+# may overlap nothing else, which the output check below gives.
+_OUTPUTS = ("out", "final_state", "checkpoints", "checkpoint_index", "state_pool")
+_STATES = ("initial_state", "final_state", "state_pool", "checkpoints")  # one state dtype per call
 
 _BF16, _FP32, _I32, _I64 = "bfloat16", "float32", "int32", "int64"
 _DTYPES: Dict[str, Tuple[str, ...]] = {
@@ -70,6 +82,10 @@ _DTYPES: Dict[str, Tuple[str, ...]] = {
     "initial_state": (_BF16, _FP32),
     "final_state": (_BF16, _FP32),
     "cu_seqlens": (_I32, _I64),
+    "state_pool": (_BF16, _FP32),
+    "state_indices": (_I32,),
+    "checkpoints": (_BF16, _FP32),
+    "checkpoint_index": (_I32,),
 }
 
 # Bytes each pointer must be aligned to, per argument and dtype: the largest alignment any kernel
@@ -82,6 +98,8 @@ ALIGNMENT: Alignment = {
     "beta": {_BF16: 2}, "A_log": {_FP32: 4}, "dt_bias": {_FP32: 16},
     "initial_state": {_BF16: 16, _FP32: 16}, "final_state": {_BF16: 16, _FP32: 16},
     "cu_seqlens": {_I32: 4, _I64: 8},
+    "state_pool": {_BF16: 16, _FP32: 16}, "state_indices": {_I32: 4},
+    "checkpoints": {_BF16: 16, _FP32: 16}, "checkpoint_index": {_I32: 4},
 }
 
 Tensors = Dict[str, Optional["TensorDesc"]]
@@ -91,22 +109,30 @@ Tensors = Dict[str, Optional["TensorDesc"]]
 # Entry point
 
 def validate_prefill(*, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, initial_state,
-                     final_state, cu_seqlens, out, cp, alignment: Optional[Alignment] = None) -> Problem:
+                     final_state, cu_seqlens, out, cp, alignment: Optional[Alignment] = None, state_pool=None,
+                     state_indices=None, checkpoint_every=None, checkpoints=None,
+                     checkpoint_index=None) -> Problem:
     """Check every argument of a prefill call; return the Problem or raise naming the argument.
 
     `alignment`: bytes per argument and dtype (a manifest's `arg_alignment`); default ALIGNMENT.
     """
     t: Tensors = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias, out=out,
-                      initial_state=initial_state, final_state=final_state, cu_seqlens=cu_seqlens)
+                      initial_state=initial_state, final_state=final_state, cu_seqlens=cu_seqlens,
+                      state_pool=state_pool, state_indices=state_indices, checkpoints=checkpoints,
+                      checkpoint_index=checkpoint_index)
     _check_kinds(t)
     _check_scalar_kinds(lower_bound=lower_bound, scale=scale)
+    every = check_checkpoint_every(checkpoint_every)
+    _check_state_options(t, every)
     given = {name: d for name, d in t.items() if d is not None}
     _check_devices(given)
     _check_writable(given)
     _check_dtypes(given)
-    _check_state_dtypes_match(initial_state, final_state)
+    _check_state_dtypes_match(t)
     B, T, H, N = _check_shapes(t)
-    _check_contiguous(given)
+    n_checkpoints = (B * T) // every if every else 0
+    _check_state_io_shapes(t, N, H, n_checkpoints)
+    _check_contiguous({name: d for name, d in given.items() if name != "state_pool"})
     _check_alignment(given, ALIGNMENT if alignment is None else alignment)
     lb = _check_lower_bound(lower_bound)
     sc = _check_scale(scale)
@@ -116,19 +142,92 @@ def validate_prefill(*, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, in
         B=B, T=T, H=H, N=N,
         varlen=cu_seqlens is not None,
         cu_dtype=None if cu_seqlens is None else cu_seqlens.dtype,
-        state_dtype=_state_dtype(initial_state, final_state),
+        state_dtype=_state_dtype(*(t[name] for name in _STATES)),
         has_initial=initial_state is not None,
         has_final=final_state is not None,
         scale=sc, lower_bound=lb, device_id=q.device_id, cp=cp_mode,
+        pooled=state_pool is not None,
+        n_pool=state_pool.shape[0] if state_pool is not None else 0,
+        slot_stride=pool_slot_stride(state_pool) if state_pool is not None else 0,
+        checkpoint_every=every, n_checkpoints=n_checkpoints,
     )
 
 
-def _state_dtype(initial: Optional[TensorDesc], final: Optional[TensorDesc]) -> Optional[str]:
+def _state_dtype(*states: Optional[TensorDesc]) -> Optional[str]:
     """Spec rule: fp32 if either state is fp32, bf16 if states are given and all bf16, else None."""
-    dtypes = {d.dtype for d in (initial, final) if d is not None}
+    dtypes = {d.dtype for d in states if d is not None}
     if not dtypes:
         return None
     return _FP32 if _FP32 in dtypes else _BF16
+
+
+# --------------------------------------------------------------------------------------------
+# State pool and checkpoints (docs/state_pool.md)
+
+def check_checkpoint_every(every) -> int:
+    """checkpoint_every: None (no checkpoints, 0) or an int >= 16 that is a multiple of 16 (a
+    checkpoint falls on a 16-token tile boundary of its sequence)."""
+    if every is None:
+        return 0
+    if isinstance(every, bool) or not isinstance(every, numbers.Integral):
+        raise TypeError(f"checkpoint_every: expected an int (a multiple of 16) or None, got {every!r} "
+                        f"({type(every).__name__})")
+    every = int(every)
+    if every < 16 or every % 16:
+        raise ValueError(f"checkpoint_every: expected a positive multiple of 16 (checkpoints fall on 16-token "
+                         f"tile boundaries), got {every}")
+    return every
+
+
+def _check_state_options(t: Tensors, every: int) -> None:
+    """Which state arguments go together: the pool replaces initial_state / final_state, its
+    indices come with it, checkpoint buffers need checkpoint_every."""
+    if t["state_pool"] is not None:
+        for name in ("initial_state", "final_state"):
+            if t[name] is not None:
+                raise ValueError(f"state_pool: cannot be combined with {name}; the pool is read and written in "
+                                 "place (pass either state_pool + state_indices or initial_state / final_state)")
+        if t["state_indices"] is None:
+            raise ValueError("state_indices: required with state_pool (int32 [N] slot per sequence on the device)")
+    elif t["state_indices"] is not None:
+        raise ValueError("state_indices: given without state_pool")
+    if not every:
+        for name in ("checkpoints", "checkpoint_index"):
+            if t[name] is not None:
+                raise ValueError(f"{name}: a checkpoint buffer was given but checkpoint_every is None")
+
+
+def pool_slot_stride(pool: TensorDesc) -> int:
+    """Elements between two slots of the pool (a single slot: the dense stride)."""
+    H = pool.shape[1] if len(pool.shape) == 4 else 0
+    return pool.strides[0] if pool.shape[0] > 1 else H * D * D
+
+
+def _check_state_io_shapes(t: Tensors, N: int, H: int, n_checkpoints: int) -> None:
+    pool = t["state_pool"]
+    if pool is not None:
+        if len(pool.shape) != 4 or tuple(pool.shape[1:]) != (H, D, D):
+            raise ValueError(f"state_pool: expected shape [S, {H}, 128, 128] (slots, H, V, K), got {tuple(pool.shape)}")
+        if pool.shape[0] < 1:
+            raise ValueError("state_pool: needs at least one slot, got shape " + str(tuple(pool.shape)))
+        if H and tuple(pool.strides[1:]) != (D * D, D, 1):
+            raise ValueError(f"state_pool: each slot must be contiguous (strides (*, {D * D}, {D}, 1)), got strides "
+                             f"{tuple(pool.strides)}; nothing is copied")
+        stride = pool_slot_stride(pool)
+        if H and stride < H * D * D:
+            raise ValueError(f"state_pool: slot stride {stride} is smaller than a slot ({H * D * D} elements); "
+                             "slots must not overlap")
+        if (stride * pool.itemsize) % 16:
+            raise ValueError(f"state_pool: slot stride {stride} elements is not a multiple of 16 bytes; every slot "
+                             "must be 16-byte aligned like the pool's data pointer")
+    if t["state_indices"] is not None:
+        _expect_shape("state_indices", t["state_indices"], (N,), "[N], one slot per sequence")
+    if t["checkpoints"] is not None:
+        _expect_shape("checkpoints", t["checkpoints"], (n_checkpoints, H, D, D),
+                      "[B*T // checkpoint_every, H, 128, 128]")
+    if t["checkpoint_index"] is not None:
+        _expect_shape("checkpoint_index", t["checkpoint_index"], (n_checkpoints, 2),
+                      "[B*T // checkpoint_every, 2] (sequence, tokens)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -201,10 +300,17 @@ def _check_dtypes(given: Dict[str, TensorDesc]) -> None:
                             "(nothing is cast)")
 
 
-def _check_state_dtypes_match(initial: Optional[TensorDesc], final: Optional[TensorDesc]) -> None:
+def _check_state_dtypes_match(t: Tensors) -> None:
+    initial, final = t["initial_state"], t["final_state"]
     if initial is not None and final is not None and initial.dtype != final.dtype:
         raise ValueError(f"final_state: dtype {final.dtype} differs from initial_state dtype "
                          f"{initial.dtype}; both states must have the same dtype")
+    given = [(name, t[name]) for name in _STATES if t.get(name) is not None]
+    for name, d in given[1:]:
+        ref_name, ref = given[0]
+        if d.dtype != ref.dtype:
+            raise ValueError(f"{name}: dtype {d.dtype} differs from {ref_name} dtype {ref.dtype}; "
+                             "the kernels keep one state dtype per call")
 
 
 # --------------------------------------------------------------------------------------------
@@ -450,22 +556,34 @@ def int_entries(values: Iterable, name: str, error: type = TypeError) -> list:
 # --------------------------------------------------------------------------------------------
 # Phase 7: aliasing (outputs are written in place)
 
+def extent_bytes(d: TensorDesc) -> int:
+    """Bytes from the data pointer to the end of the last element (nbytes for a contiguous
+    tensor; a state pool with a padded slot stride spans more than its elements). Strides are
+    non-negative here (the contiguity and pool layout checks ran before)."""
+    if d.numel == 0:
+        return 0
+    return (sum((n - 1) * s for n, s in zip(d.shape, d.strides)) + 1) * d.itemsize
+
+
 def _overlaps(a: TensorDesc, b: TensorDesc) -> bool:
-    if a.nbytes == 0 or b.nbytes == 0:
+    na, nb = extent_bytes(a), extent_bytes(b)
+    if na == 0 or nb == 0:
         return False
-    return a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes
+    return a.ptr < b.ptr + nb and b.ptr < a.ptr + na
 
 
 def _check_no_alias(t: Tensors) -> None:
     for out_name in _OUTPUTS:
-        o = t[out_name]
+        o = t.get(out_name)
         if o is None:
             continue
         for in_name in _INPUTS:
-            i = t[in_name]
+            i = t.get(in_name)
             if i is not None and _overlaps(o, i):
                 raise ValueError(f"{out_name}: memory overlaps {in_name}; outputs are written in "
                                  "place while inputs are still read, pass a separate buffer")
-    out, final = t["out"], t["final_state"]
-    if out is not None and final is not None and _overlaps(final, out):
-        raise ValueError("final_state: memory overlaps out; pass separate buffers")
+    for i, later in enumerate(_OUTPUTS):
+        for earlier in _OUTPUTS[:i]:
+            a, b = t.get(later), t.get(earlier)
+            if a is not None and b is not None and _overlaps(a, b):
+                raise ValueError(f"{later}: memory overlaps {earlier}; pass separate buffers")

@@ -43,16 +43,20 @@ def workspace_layout(n_heads: int, tile_capacity: int, n_seq: int) -> WorkspaceL
     return WorkspaceLayout(regions, offset)
 
 
-def cp_layout(n_heads: int, tile_capacity: int, n_seq: int, max_segments: int) -> WorkspaceLayout:
+def cp_layout(n_heads: int, tile_capacity: int, n_seq: int, max_segments: int,
+              sequence_tables: bool = False) -> WorkspaceLayout:
     """A CP call's workspace: K1's regions with the segment tables in place of the sequence tables
     (`seq_start` / `tile_prefix` sized for `max_segments`), the other segment tables the device
-    builds (cp_seg_tables), then the fp32 scratch of docs/algorithm.md §4.7 for every possible segment."""
+    builds (cp_seg_tables), then the fp32 scratch of docs/algorithm.md §4.7 for every possible segment.
+    `sequence_tables`: also the sequences' own tables (`real_seq_start` / `real_tile_prefix`,
+    [n_seq + 1] each), which checkpoints need (docs/state_pool.md)."""
     base = workspace_layout(n_heads, tile_capacity, max_segments)
     regions, offset = dict(base.regions), base.nbytes
     scratch = max_segments * n_heads * STATE_BYTES
+    extra = (("real_seq_start", 4 * (n_seq + 1)), ("real_tile_prefix", 4 * (n_seq + 1))) if sequence_tables else ()
     for name, nbytes in (("scan_seg", 4 * max_segments), ("seg_first", 4 * n_seq), ("seg_count", 4 * n_seq),
                          ("final_slot", 4 * max_segments), ("b_seg", scratch), ("m_seg", scratch),
-                         ("carries", scratch)):
+                         ("carries", scratch)) + extra:
         regions[name] = (offset, nbytes)
         offset = _round_up(offset + nbytes)
     return WorkspaceLayout(regions, offset)

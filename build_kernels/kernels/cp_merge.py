@@ -59,6 +59,7 @@ from cutlass import Float32, Int32, Int64
 
 from .ptx_ops import (bulk_g2s, cp_async_16, ldg_bf16x4_f32, ldg_v4_f32, lds_b32, lds_f32, lds_v2_f32, mma_tf32_1688,
                       st_shared_v4, stg_v2_f32, stg_v4_f32, sts_v2_b32, to_tf32)
+from .state_io import pool_slot
 from .tile_ops import D, await_previous_grid, m_seg_column
 
 ROWS = 16  # carry rows (value rows) per CTA: one m16 tile
@@ -106,10 +107,30 @@ def _issue_step(ctx: tuple, step: Int32, buf: Int32, warp: Int32, tidx: Int32):
 # ------------------------------------------------------------------------------------------------
 
 
+def _first_carry(init_ptr, ib, carry_ptr, cb0, c_base, tidx, has_initial: bool, state_fp32: bool):
+    """carry[first] = this CTA's rows of the widened initial state at element `ib` (or 0): the global
+    fp32 copy and the tf32 A operand in shared memory. A plain function (traced inline), so the
+    state-pool variant can call it inside a dynamic `if`."""
+    for j in range(ROWS * D // 4 // THREADS):
+        c = tidx + THREADS * j
+        r = c >> 5
+        col = (c & 31) * 4
+        e = Int64(r * D + col)
+        x = (Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0))
+        if has_initial:
+            if state_fp32:
+                x = ldg_v4_f32(init_ptr + (ib + e) * 4)
+            else:
+                x = ldg_bf16x4_f32(init_ptr + (ib + e) * 2)
+        stg_v4_f32(carry_ptr + (cb0 + e) * 4, x[0], x[1], x[2], x[3])
+        st_shared_v4(c_base + (r * C_STRIDE + col) * 4, [to_tf32(xi) for xi in x])
+
+
 @cute.kernel
 def _cp_merge_kernel(m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int64, mFirst: cute.Tensor,
-                     mCount: cute.Tensor, n_heads: Int32,
-                     has_initial: cutlass.Constexpr[bool], state_fp32: cutlass.Constexpr[bool]):
+                     mCount: cute.Tensor, n_heads: Int32, idx_ptr: Int64, slot_stride: Int64, n_pool: Int32,
+                     has_initial: cutlass.Constexpr[bool], state_fp32: cutlass.Constexpr[bool],
+                     pooled: cutlass.Constexpr[bool]):
     rb, n, h = cute.arch.block_idx()
     tidx, _, _ = cute.arch.thread_idx()
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -148,20 +169,17 @@ def _cp_merge_kernel(m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int
     # -------- carry[first] = widened initial state (or 0): global fp32 copy + tf32 A operand in smem
     if count > 0:
         cb0 = _mat_base(first, h64, H64) + Int64(row0 * D)
-        ib = (Int64(n) * H64 + h64) * MAT + Int64(row0 * D)
-        for j in cutlass.range_constexpr(ROWS * D // 4 // THREADS):
-            c = tidx + THREADS * j
-            r = c >> 5
-            col = (c & 31) * 4
-            e = Int64(r * D + col)
-            x = (Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0))
-            if cutlass.const_expr(has_initial):
-                if cutlass.const_expr(state_fp32):
-                    x = ldg_v4_f32(init_ptr + (ib + e) * 4)
-                else:
-                    x = ldg_bf16x4_f32(init_ptr + (ib + e) * 2)
-            stg_v4_f32(carry_ptr + (cb0 + e) * 4, x[0], x[1], x[2], x[3])
-            st_shared_v4(c_base + (r * C_STRIDE + col) * 4, [to_tf32(xi) for xi in x])
+        if cutlass.const_expr(pooled):
+            # state pool (docs/state_pool.md): sequence n starts from slot state_index[n]; no slot -> 0
+            slot = pool_slot(n, idx_ptr, n_pool, init_ptr)
+            if slot >= 0:
+                _first_carry(init_ptr, Int64(slot) * slot_stride + h64 * MAT + Int64(row0 * D), carry_ptr, cb0,
+                             c_base, tidx, True, state_fp32)
+            else:
+                _first_carry(init_ptr, Int64(0), carry_ptr, cb0, c_base, tidx, False, state_fp32)
+        else:
+            _first_carry(init_ptr, (Int64(n) * H64 + h64) * MAT + Int64(row0 * D), carry_ptr, cb0, c_base, tidx,
+                         has_initial, state_fp32)
 
     # -------- the steps
     n0w = warp * WARP_COLS  # first output column of this warp
@@ -219,5 +237,20 @@ def cp_merge(m_seg: cute.Pointer, b_seg: cute.Pointer, initial_state: cute.Point
     table = cute.make_layout(n_seq)
     _cp_merge_kernel(m_seg.toint(), b_seg.toint(), initial_state.toint(), carries.toint(),
                      cute.make_tensor(seg_first, table), cute.make_tensor(seg_count, table), n_heads,
-                     has_initial, state_fp32).launch(
+                     Int64(0), Int64(0), Int32(0), has_initial, state_fp32, False).launch(
+        grid=(D // ROWS, n_seq, n_heads), block=(THREADS, 1, 1), stream=stream, use_pdl=True)
+
+
+@cute.jit
+def cp_merge_pool(m_seg: cute.Pointer, b_seg: cute.Pointer, state_pool: cute.Pointer, carries: cute.Pointer,
+                  seg_first: cute.Pointer, seg_count: cute.Pointer, state_index: cute.Pointer, slot_stride: Int64,
+                  n_pool: Int32, n_seq: Int32, n_heads: Int32, stream: cuda.CUstream,
+                  state_fp32: cutlass.Constexpr[bool]):
+    """cp_merge whose initial states are slots of a state pool [n_pool, H, 128, 128] (slot stride
+    `slot_stride` elements, bf16 or fp32): sequence n starts from slot state_index[n]; a slot outside
+    [0, n_pool) starts from 0 (docs/state_pool.md)."""
+    table = cute.make_layout(n_seq)
+    _cp_merge_kernel(m_seg.toint(), b_seg.toint(), state_pool.toint(), carries.toint(),
+                     cute.make_tensor(seg_first, table), cute.make_tensor(seg_count, table), n_heads,
+                     state_index.toint(), slot_stride, n_pool, True, state_fp32, True).launch(
         grid=(D // ROWS, n_seq, n_heads), block=(THREADS, 1, 1), stream=stream, use_pdl=True)

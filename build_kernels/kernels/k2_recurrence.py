@@ -65,6 +65,7 @@ from .ptx_ops import (add_rn, ldg_bf16_pair, ldg_f32_pair_bf16, lds_b32, lds_bf1
                       stg_f32_pair_from_bf16, sts_b32)
 from .recurrence_common import (BSIG_BYTES, GT_BYTES, HEAD_ROW_BYTES, SQ_BYTES, STAGES, TILE_BYTES, alloc_ring,
                                 init_ring, mma_warps, produce_tiles, solve_u_fragment, state_words_step, v_stride)
+from .state_io import checkpoint_due, pool_slot, sequence_start_of
 from .tile_ops import CHUNK, D, await_previous_grid
 
 # K2's stage layout (bytes): qd | kd | kr | gt | inv | mqk | bsig (+96 pad) | v rows
@@ -99,13 +100,37 @@ def _store_exit_state(final_ptr, final_base, region, lane, col0, NB: int, NW: in
                 stg_bf16_pair(final_ptr + e0 * 2, final_ptr + (e0 + D) * 2, word)
 
 
+def _load_entry_state(init_ptr, state_base, region, lane, col0, NB: int, NW: int, has_initial: bool,
+                      state_fp32: bool):
+    """Q6 entry: this warp's columns of S^T = bf(initial[slot, h]) (fp32 RNE or bf16 as is), or 0.
+    Word (k, v pair p) sits at region + 128 * (vc + NB * kc) + 16 * (k & 7) + 4 * (p & 3). A plain
+    function (traced inline), so the state-pool variants can call it inside a dynamic `if`."""
+    for jj in range(D // 32):
+        k = lane + 32 * jj
+        kaddr = region + 128 * NB * (k >> 3) + 16 * (k & 7)
+        for p in range(NW // 2):
+            waddr = kaddr + 128 * (p // 4) + 4 * (p % 4)
+            if has_initial:
+                e0 = state_base + Int64(col0 + 2 * p) * D + Int64(k)
+                if state_fp32:
+                    word = ldg_f32_pair_bf16(init_ptr + e0 * 4, init_ptr + (e0 + D) * 4)
+                else:
+                    word = ldg_bf16_pair(init_ptr + e0 * 2, init_ptr + (e0 + D) * 2)
+                sts_b32(waddr, word)
+            else:
+                sts_b32(waddr, Int32(0))
+
+
 @cute.kernel
 def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64,
                inv_ptr: Int64, mqk_ptr: Int64, bsig_ptr: Int64, mStart: cute.Tensor, mPrefix: cute.Tensor,
                init_ptr: Int64, final_ptr: Int64, mSlot: cute.Tensor, n_heads: Int32, cap: Int32,
+               idx_ptr: Int64, slot_stride: Int64, n_pool: Int32, ck_ptr: Int64, ck_every: Int32,
+               mSeqStart: cute.Tensor, n_real: Int32,
                has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
                state_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int],
-               final_fp32: cutlass.Constexpr[bool], final_slots: cutlass.Constexpr[bool]):
+               final_fp32: cutlass.Constexpr[bool], final_slots: cutlass.Constexpr[bool],
+               ext: cutlass.Constexpr[bool]):
     VB = value_block
     MMA_WARPS = mma_warps(VB)
     LOAD_WARP = MMA_WARPS
@@ -136,8 +161,15 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
         # (the sequence index, -1 otherwise) and writes final_state[slot] directly.
         if cutlass.const_expr(final_slots):
             slot = mSlot[n]
+        if cutlass.const_expr(ext):
+            # k2_ext (docs/state_pool.md): the state row of sequence `slot` is state_index[slot]
+            # (or `slot` without an index), -1 when there is none or no final pointer
+            slot = pool_slot(slot, idx_ptr, n_pool, final_ptr)
         if slot >= 0:
             busy = Int32(1)
+    in_slot = n
+    if cutlass.const_expr(ext and not final_slots):
+        in_slot = pool_slot(n, idx_ptr, n_pool, init_ptr)
     if busy > 0:
         init_ring(warp, full, empty, 32 * MMA_WARPS)
 
@@ -164,6 +196,9 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
             region = sstate.toint() + w * (NW * D * 2)
             col0 = vblk * VB + w * NW  # first global value column of this warp
             state_base = (Int64(n) * H64 + h64) * Int64(D * D)  # element index of state[n, h, 0, 0]
+            ck_base = tok0  # checkpoints count tokens from the start of the CTA's sequence
+            if cutlass.const_expr(ext and final_slots):
+                ck_base = sequence_start_of(tok0, ck_ptr, mSeqStart, n_real)
 
             # lane offsets (bytes)
             off_a = lane * 16  # A operand from a raw image: base + 512 kb + 16 lane
@@ -175,21 +210,15 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
             off_sq = 32 * (8 * (j4 & 1) + i8) + 16 * (j4 >> 1)  # row-major 16x16 A operand
 
             # -------- Q6 entry state: S^T[k, v] = bf(initial[n, h, v, k]) or 0, this warp's columns
-            # word (k, v pair p) at region + 128 * (vc + NB * kc) + 16 * (k & 7) + 4 * (p & 3)
-            for jj in cutlass.range_constexpr(D // 32):
-                k = lane + 32 * jj
-                kaddr = region + 128 * NB * (k >> 3) + 16 * (k & 7)
-                for p in cutlass.range_constexpr(NW // 2):
-                    waddr = kaddr + 128 * (p // 4) + 4 * (p % 4)
-                    if cutlass.const_expr(has_initial):
-                        e0 = state_base + Int64(col0 + 2 * p) * D + Int64(k)
-                        if cutlass.const_expr(state_fp32):
-                            word = ldg_f32_pair_bf16(init_ptr + e0 * 4, init_ptr + (e0 + D) * 4)
-                        else:
-                            word = ldg_bf16_pair(init_ptr + e0 * 2, init_ptr + (e0 + D) * 2)
-                        sts_b32(waddr, word)
-                    else:
-                        sts_b32(waddr, Int32(0))
+            if cutlass.const_expr(ext and not final_slots):
+                # state I/O by slot (state pool, or a plain state with slot = n): no entry slot -> 0
+                if in_slot >= 0:
+                    _load_entry_state(init_ptr, Int64(in_slot) * slot_stride + h64 * Int64(D * D), region, lane,
+                                      col0, NB, NW, True, state_fp32)
+                else:
+                    _load_entry_state(init_ptr, Int64(0), region, lane, col0, NB, NW, False, state_fp32)
+            else:
+                _load_entry_state(init_ptr, state_base, region, lane, col0, NB, NW, has_initial, state_fp32)
             cute.arch.sync_warp()
 
             zero = Float32(0.0)
@@ -280,12 +309,23 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
                 # its own stage reads (empty[s] counts 32 arrivals per MMA warp)
                 cute.arch.sync_warp()
                 cute.arch.mbarrier_arrive(empty + s)
+                if cutlass.const_expr(ext):
+                    # checkpoint (docs/state_pool.md): the state after a full tile that ends C tokens
+                    # past a multiple of C of its sequence goes to slot (end token) // C - 1
+                    ck = checkpoint_due(ck_ptr, ck_every, ck_base, start, m)
+                    if ck >= 0:
+                        _store_exit_state(ck_ptr, (Int64(ck) * H64 + h64) * Int64(D * D), region, lane, col0, NB,
+                                          NW, final_fp32)
 
             # -------- Q6 exit state
             if cutlass.const_expr(has_final):
                 if slot >= 0:
-                    _store_exit_state(final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), region, lane, col0, NB, NW,
-                                      final_fp32)
+                    if cutlass.const_expr(ext):
+                        _store_exit_state(final_ptr, Int64(slot) * slot_stride + h64 * Int64(D * D), region, lane,
+                                          col0, NB, NW, final_fp32)
+                    else:
+                        _store_exit_state(final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), region, lane, col0,
+                                          NB, NW, final_fp32)
 
 
 @cute.jit
@@ -305,7 +345,8 @@ def k2_recurrence(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd
                ws_inv.toint(), ws_mqk.toint(), ws_bsig.toint(), cute.make_tensor(seq_start, table),
                cute.make_tensor(tile_prefix, table), initial_state.toint(), final_state.toint(),
                cute.make_tensor(seq_start, table), n_heads, cap,
-               has_initial, has_final, state_fp32, value_block, state_fp32, False).launch(
+               Int64(0), Int64(0), Int32(0), Int64(0), Int32(0), cute.make_tensor(seq_start, table), n_seq,
+               has_initial, has_final, state_fp32, value_block, state_fp32, False, False).launch(
         grid=(n_seq, n_heads, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream,
         use_pdl=True)
 
@@ -327,6 +368,40 @@ def k2_segments(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: 
                ws_inv.toint(), ws_mqk.toint(), ws_bsig.toint(), cute.make_tensor(seg_start, table),
                cute.make_tensor(seg_prefix, table), carries.toint(), final_state.toint(),
                cute.make_tensor(final_slot, cute.make_layout(n_seg)), n_heads, cap,
-               True, True, True, value_block, final_fp32, True).launch(
+               Int64(0), Int64(0), Int32(0), Int64(0), Int32(0), cute.make_tensor(seg_start, table), n_seg,
+               True, True, True, value_block, final_fp32, True, False).launch(
         grid=(n_seg, n_heads, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream,
+        use_pdl=True)
+
+
+@cute.jit
+def k2_ext(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: cute.Pointer, ws_kr: cute.Pointer,
+           ws_gt: cute.Pointer, ws_inv: cute.Pointer, ws_mqk: cute.Pointer, ws_bsig: cute.Pointer,
+           seq_start: cute.Pointer, tile_prefix: cute.Pointer, initial_state: cute.Pointer,
+           final_state: cute.Pointer, final_slot: cute.Pointer, state_index: cute.Pointer,
+           checkpoints: cute.Pointer, real_seq_start: cute.Pointer, slot_stride: Int64, n_pool: Int32,
+           checkpoint_every: Int32, n_real: Int32, t_total: Int32, n_seq: Int32, n_heads: Int32, cap: Int32,
+           stream: cuda.CUstream, segments: cutlass.Constexpr[bool], state_fp32: cutlass.Constexpr[bool],
+           final_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int]):
+    """K2 with state I/O by slot and checkpoints (docs/state_pool.md), serial (segments=False) or
+    segmented (segments=True: entry states from the fp32 carries, the final state of sequence
+    final_slot[j] written by its last segment j).
+
+    States are rows of a pool [n_pool slots, H, 128, 128] with slot stride `slot_stride` elements:
+    sequence n reads and writes slot state_index[n] (slot n when state_index is null); a slot
+    outside [0, n_pool) is neither read (entry 0) nor written. A null initial_state / final_state
+    means no entry read / no final write. checkpoints (null: none) [T // C, H, 128, 128] receives,
+    for every full tile ending at token e with (e - start of its sequence) % C == 0, the state at
+    slot e // C - 1; real_seq_start [n_real + 1] (the sequence tables) tells a segment where its
+    sequence starts."""
+    assert value_block in (128, 64, 32)
+    table = cute.make_layout(n_seq + 1)
+    _k2_kernel(v.toint(), out.toint(), ws_qd.toint(), ws_kd.toint(), ws_kr.toint(), ws_gt.toint(),
+               ws_inv.toint(), ws_mqk.toint(), ws_bsig.toint(), cute.make_tensor(seq_start, table),
+               cute.make_tensor(tile_prefix, table), initial_state.toint(), final_state.toint(),
+               cute.make_tensor(final_slot, cute.make_layout(n_seq)), n_heads, cap,
+               state_index.toint(), slot_stride, n_pool, checkpoints.toint(), checkpoint_every,
+               cute.make_tensor(real_seq_start, cute.make_layout(n_real + 1)), n_real,
+               True, True, state_fp32, value_block, final_fp32, segments, True).launch(
+        grid=(n_seq, n_heads, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream,
         use_pdl=True)

@@ -1,0 +1,68 @@
+"""State I/O by slot and checkpoint positions, shared by K2 (k2_recurrence.py), the CP merge
+(cp_merge.py) and the checkpoint index table (checkpoint_index.py); docs/state_pool.md.
+
+A state pool is [n_pool, H, 128, 128] with any slot stride: sequence n uses slot state_index[n]
+(or n when no index table is given). A slot outside [0, n_pool) means "no state": the entry state
+is 0 and nothing is written, which is how a negative index (vLLM's PAD_SLOT_ID) is honoured and
+how an out-of-range one stays memory-safe without any host check.
+
+Checkpoints: with C the checkpoint interval (a multiple of the 16-token tile), the state of
+sequence n after j*C tokens (j >= 1, j*C <= its length) sits at global token p = start_n + j*C.
+Two such positions are at least C apart (two of one sequence differ by a multiple of C; for
+sequences n < m, p_n <= start_m < p_m - C + 1), so slot p // C - 1 is unique and lies in
+[0, T // C): the layout needs no host knowledge of the lengths.
+"""
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Int64
+
+from .ptx_ops import ldg_b32
+
+
+@cute.jit
+def pool_slot(seq: Int32, idx_ptr: Int64, n_pool: Int32, state_ptr: Int64):
+    """The pool slot of sequence `seq` (< 0: none), or -1 when `seq` < 0, the state pointer is null,
+    or the slot lies outside [0, n_pool). Uniform over the CTA; emitted inline."""
+    slot = Int32(-1)
+    if state_ptr != Int64(0):
+        if seq >= 0:
+            slot = seq
+            if idx_ptr != Int64(0):
+                slot = ldg_b32(idx_ptr + Int64(seq) * 4)
+            if slot >= n_pool:
+                slot = Int32(-1)
+            if slot < 0:
+                slot = Int32(-1)
+    return slot
+
+
+@cute.jit
+def checkpoint_due(ck_ptr: Int64, ck_every: Int32, ck_base: Int32, start: Int32, m: Int32):
+    """Checkpoint slot of the tile that starts at token `start` with `m` valid rows, or -1: a full
+    tile whose end lies a multiple of ck_every tokens past its sequence's start ck_base."""
+    ck = Int32(-1)
+    if ck_ptr != Int64(0):
+        if m == 16:
+            end = start + 16
+            if (end - ck_base) % ck_every == 0:
+                ck = end // ck_every - 1
+    return ck
+
+
+@cute.jit
+def sequence_start_of(tok0: Int32, ck_ptr: Int64, mSeqStart: cute.Tensor, n_real: Int32):
+    """Where the sequence holding token tok0 starts: seq_start[n] for the largest n < n_real with
+    seq_start[n] <= tok0 (a CP segment's own sequence; later empty sequences start after it).
+    Only searched when checkpoints are written (ck_ptr non-null); a bit-descent binary search,
+    about log2(n_real) loads."""
+    base = tok0
+    if ck_ptr != Int64(0):
+        pos = Int32(0)
+        for b in cutlass.range_constexpr(30, -1, -1):
+            cand = pos + Int32(1 << b)
+            if cand < n_real:
+                if mSeqStart[cand] <= tok0:
+                    pos = cand
+        base = mSeqStart[pos]
+    return base
