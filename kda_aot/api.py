@@ -41,7 +41,8 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
             scale: Optional[float] = None, initial_state: Any = None, output_final_state: bool = False,
             cu_seqlens: Any = None, cp: Union[str, int] = "auto", out: Any = None, final_state: Any = None,
             stream: Any = None, seq_lens: Optional[Sequence[int]] = None, cu_seqlens_cpu: Any = None,
-            workspace: Any = None, validate: str = "device", value_split: Optional[int] = None) -> Tuple[Any, Any]:
+            workspace: Any = None, validate: str = "device", value_split: Optional[int] = None,
+            numerics: str = "flashkda") -> Tuple[Any, Any]:
     """KDA prefill (docs/api.md): returns (o, final_state or None).
 
     q, k, v, g: bf16 [B, T, H, 128]; beta: bf16 logits [B, T, H]; A_log fp32 [H]; dt_bias fp32
@@ -57,7 +58,9 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
     current stream for torch callers, else the legacy default stream. `cp`: "auto" splits long
     sequences when that pays, "off" never, "on" always (NotSplittableError when it cannot), an int
     forces up to that many segments per sequence (tests). `value_split` forces the K2 value-column
-    split (1, 2 or 4; tests and benchmarks).
+    split (1, 2 or 4; tests and benchmarks). `numerics`: "flashkda" (default) computes FlashKDA's
+    rounding recipe bit for bit (bf16 state between chunks); "accurate" keeps the state, the CP
+    carries and the solve's intermediates in fp32 (docs/numerics.md: errors and costs measured).
     """
     if final_state is not None and not output_final_state:
         raise ValueError("final_state: a buffer was given but output_final_state=False")
@@ -79,7 +82,7 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
     if validate == "host":
         hint = _read_back_hint(torch, tensors, hint, stream)
     options = (type(lower_bound), lower_bound, type(scale), scale, bool(output_final_state), type(cp), cp,
-               hint, value_split)
+               hint, value_split, type(numerics), numerics)
     try:
         key = (sig, options)
         plan = _PLANS.get(key)
@@ -87,14 +90,14 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
         key, plan = None, None
     if plan is None:
         descs = descs or _describe_all(tensors)
-        plan = _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split)
+        plan = _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split, numerics)
         if key is not None:
             _remember(key, plan)
     try:
         plan.check_pointers(ptrs)
     except UnsafePointers:
         descs = descs or _describe_all(tensors)
-        _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split)  # raises, naming it
+        _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split, numerics)  # raises
         if descs[-1] is not None:  # the wall does not know the workspace: it overlaps something
             raise ValueError("workspace: overlaps an input or output of the call; pass a separate buffer")
         raise KdaError("internal error: a pointer check failed that the validation wall accepts")
@@ -221,13 +224,14 @@ def read_device_array(desc: TensorDesc, stream: int) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 # plans
 
-def _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split) -> CallPlan:
+def _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split,
+                numerics="flashkda") -> CallPlan:
     """The whole wall on this call's descriptions, then the plan (raises naming the argument)."""
     t = dict(zip(_TENSOR_ARGS, descs))
     problem = validate_prefill(q=t["q"], k=t["k"], v=t["v"], g=t["g"], beta=t["beta"], A_log=t["A_log"],
                                dt_bias=t["dt_bias"], lower_bound=lower_bound, scale=scale,
                                initial_state=t["initial_state"], final_state=t["final_state"],
-                               cu_seqlens=t["cu_seqlens"], out=t["out"], cp=cp)
+                               cu_seqlens=t["cu_seqlens"], out=t["out"], cp=cp, numerics=numerics)
     if output_final_state and not problem.has_final:
         # One state dtype per call (the kernels keep a single state format): the allocated final
         # state follows initial_state's dtype, fp32 when there is none.
@@ -344,14 +348,15 @@ def workspace_size(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_
                    cu_seqlens: Any = None, cp: Union[str, int] = "auto", out: Any = None, final_state: Any = None,
                    seq_lens: Optional[Sequence[int]] = None, cu_seqlens_cpu: Any = None,
                    value_split: Optional[int] = None, stream: Any = None, workspace: Any = None,
-                   validate: str = "device") -> int:
+                   validate: str = "device", numerics: str = "flashkda") -> int:
     """Bytes of `workspace=` that prefill needs for these arguments (validated as prefill would).
     `stream`, `workspace` and `validate` are accepted so that prefill's own keyword arguments can be
-    passed unchanged; they do not change the size."""
+    passed unchanged; they do not change the size (nor does `numerics`, which is checked)."""
     tensors = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state, None)
     descs = _describe_all(tensors)
     hint = _hint_key(seq_lens, cu_seqlens_cpu)
-    return _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split).workspace_bytes
+    return _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split,
+                       numerics).workspace_bytes
 
 
 def workspace_size_for(T: int, H: int, *, N: int = 1, varlen: bool = False, cu_dtype: str = "int32",

@@ -47,6 +47,7 @@ class Problem:
     lower_bound: float
     device_id: int
     cp: CpMode = "off"  # parse_cp(cp): "off" | "auto" | "on" | segments per sequence
+    numerics: str = "flashkda"  # parse_numerics(numerics): "flashkda" | "accurate" (docs/numerics.md)
 
 
 # --------------------------------------------------------------------------------------------
@@ -91,7 +92,8 @@ Tensors = Dict[str, Optional["TensorDesc"]]
 # Entry point
 
 def validate_prefill(*, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, initial_state,
-                     final_state, cu_seqlens, out, cp, alignment: Optional[Alignment] = None) -> Problem:
+                     final_state, cu_seqlens, out, cp, alignment: Optional[Alignment] = None,
+                     numerics: str = "flashkda") -> Problem:
     """Check every argument of a prefill call; return the Problem or raise naming the argument.
 
     `alignment`: bytes per argument and dtype (a manifest's `arg_alignment`); default ALIGNMENT.
@@ -111,6 +113,7 @@ def validate_prefill(*, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, in
     lb = _check_lower_bound(lower_bound)
     sc = _check_scale(scale)
     cp_mode = parse_cp(cp)
+    numerics = parse_numerics(numerics)
     _check_no_alias(t)
     return Problem(
         B=B, T=T, H=H, N=N,
@@ -119,7 +122,7 @@ def validate_prefill(*, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, in
         state_dtype=_state_dtype(initial_state, final_state),
         has_initial=initial_state is not None,
         has_final=final_state is not None,
-        scale=sc, lower_bound=lb, device_id=q.device_id, cp=cp_mode,
+        scale=sc, lower_bound=lb, device_id=q.device_id, cp=cp_mode, numerics=numerics,
     )
 
 
@@ -362,6 +365,18 @@ def parse_cp(cp, name: str = "cp") -> CpMode:
         raise ValueError(f"{name}: a segment count per sequence must be >= 1, got {int(cp)}")
     raise ValueError(f"{name}: expected \"off\", \"auto\", \"on\" or an int >= 1, "
                      f"got {cp!r} ({type(cp).__name__})")
+
+
+NUMERICS = ("flashkda", "accurate")
+
+
+def parse_numerics(numerics) -> str:
+    """"flashkda" (FlashKDA's rounding recipe, bit for bit) | "accurate" (fp32 where the recipe's bf16
+    roundings cost accuracy, docs/numerics.md); anything else is a ValueError naming the argument."""
+    if type(numerics) is str and numerics in NUMERICS:
+        return numerics
+    raise ValueError(f"numerics: expected \"flashkda\" or \"accurate\", got {numerics!r}"
+                     + ("" if isinstance(numerics, str) else f" ({type(numerics).__name__})"))
 
 
 def check_cu_seqlens_values(values: Sequence[int], T: int, name: str = "cu_seqlens") -> None:
