@@ -193,13 +193,23 @@ def _cp_seg_tables() -> List[Variant]:
     return variants
 
 
+def _k2_ablation() -> List[Variant]:
+    """Measurement-only: numerics="accurate" K2 with part of its recipe (levels 1-3 of
+    recurrence_common.py), for the H=64 [8192] benchmark shape's variant (bf16 states, VB=64), so
+    that ci/numerics_table.py can time what each step of the recipe costs (docs/numerics.md). The
+    runtime never selects them (it asks for no `ablation` constant, and the full variant comes first)."""
+    base = next(v for v in _k2(True) if v.name == k2_name(True, True, False, 64, True))
+    return [dataclasses.replace(base, name=f"{base.name}_l{level}", constants=base.constants + (("ablation", level),))
+            for level in (1, 2, 3)]
+
+
 # The build compiles exactly these, in this order: the library addresses kernels by index, so the
 # order is part of the ABI (kda_aot/_abi.py).
 FAMILIES = {"seq_tables": _seq_tables, "k1": _k1, "k2": _k2, "approx": _approx, "cp_merge": _cp_merge,
             "k2_segments": _k2_segments, "cp_pre_scan": _cp_pre_scan, "cp_seg_tables": _cp_seg_tables,
             # numerics="accurate" last, so the flashkda kernels keep their indices
             "k2_accurate": lambda: _k2(True), "k2_segments_accurate": lambda: _k2_segments(True),
-            "cp_pre_scan_accurate": lambda: _cp_pre_scan(True)}
+            "cp_pre_scan_accurate": lambda: _cp_pre_scan(True), "k2_ablation": _k2_ablation}
 
 
 def all_variants() -> List[Variant]:

@@ -2,7 +2,7 @@
 --write` from build_kernels/registry.py; do not edit. kda_aot/identity.py refuses a library
 whose manifest declares other kernels."""
 
-ABI_HASH = "2a780251d700b5ac0b4d62830cca320b1a797df8afc079e113ca07d37cd24e76"
+ABI_HASH = "e941f0f65c9e762fb052ed28ad3c2986501273d3493b85cd1b58127484ca3d0e"
 
 SIGNATURES = (
     'seq_tables_int32(cu_seqlens:ptr:int32:4, seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, n_seq:i32, t_total:i32, stream:stream) {}',
@@ -78,4 +78,7 @@ SIGNATURES = (
     'cp_pre_scan_vb128_acc(v:ptr:bfloat16:16, ws_kd:ptr:uint8:16, ws_kr:ptr:uint8:16, ws_gt:ptr:float32:16, ws_inv:ptr:bfloat16:16, ws_bsig:ptr:bfloat16:16, seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, scan_seg:ptr:int32:4, b_seg:ptr:float32:16, m_seg:ptr:float32:16, n_scan:i32, n_heads:i32, cap:i32, stream:stream) {"accurate":true,"value_block":128}',
     'cp_pre_scan_vb64_acc(v:ptr:bfloat16:16, ws_kd:ptr:uint8:16, ws_kr:ptr:uint8:16, ws_gt:ptr:float32:16, ws_inv:ptr:bfloat16:16, ws_bsig:ptr:bfloat16:16, seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, scan_seg:ptr:int32:4, b_seg:ptr:float32:16, m_seg:ptr:float32:16, n_scan:i32, n_heads:i32, cap:i32, stream:stream) {"accurate":true,"value_block":64}',
     'cp_pre_scan_vb32_acc(v:ptr:bfloat16:16, ws_kd:ptr:uint8:16, ws_kr:ptr:uint8:16, ws_gt:ptr:float32:16, ws_inv:ptr:bfloat16:16, ws_bsig:ptr:bfloat16:16, seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, scan_seg:ptr:int32:4, b_seg:ptr:float32:16, m_seg:ptr:float32:16, n_scan:i32, n_heads:i32, cap:i32, stream:stream) {"accurate":true,"value_block":32}',
+    'k2_inout_bf16_vb64_acc_l1(v:ptr:bfloat16:16, out:ptr:bfloat16:16, ws_qd:ptr:uint8:16, ws_kd:ptr:uint8:16, ws_kr:ptr:uint8:16, ws_gt:ptr:float32:16, ws_inv:ptr:bfloat16:16, ws_mqk:ptr:bfloat16:16, ws_bsig:ptr:bfloat16:16, seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, initial_state:ptr:bfloat16:16, final_state:ptr:bfloat16:16, t_total:i32, n_seq:i32, n_heads:i32, cap:i32, stream:stream) {"ablation":1,"accurate":true,"has_final":true,"has_initial":true,"state_fp32":false,"value_block":64}',
+    'k2_inout_bf16_vb64_acc_l2(v:ptr:bfloat16:16, out:ptr:bfloat16:16, ws_qd:ptr:uint8:16, ws_kd:ptr:uint8:16, ws_kr:ptr:uint8:16, ws_gt:ptr:float32:16, ws_inv:ptr:bfloat16:16, ws_mqk:ptr:bfloat16:16, ws_bsig:ptr:bfloat16:16, seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, initial_state:ptr:bfloat16:16, final_state:ptr:bfloat16:16, t_total:i32, n_seq:i32, n_heads:i32, cap:i32, stream:stream) {"ablation":2,"accurate":true,"has_final":true,"has_initial":true,"state_fp32":false,"value_block":64}',
+    'k2_inout_bf16_vb64_acc_l3(v:ptr:bfloat16:16, out:ptr:bfloat16:16, ws_qd:ptr:uint8:16, ws_kd:ptr:uint8:16, ws_kr:ptr:uint8:16, ws_gt:ptr:float32:16, ws_inv:ptr:bfloat16:16, ws_mqk:ptr:bfloat16:16, ws_bsig:ptr:bfloat16:16, seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, initial_state:ptr:bfloat16:16, final_state:ptr:bfloat16:16, t_total:i32, n_seq:i32, n_heads:i32, cap:i32, stream:stream) {"ablation":3,"accurate":true,"has_final":true,"has_initial":true,"state_fp32":false,"value_block":64}',
 )

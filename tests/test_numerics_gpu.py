@@ -8,12 +8,16 @@ bounded by the error the CPU emulation of their recipe measures on the very same
 the same input.
 """
 
+import os
+import sys
+
 import pytest
 
+sys.path.insert(0, os.path.dirname(__file__))
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 torch = pytest.importorskip("torch")
 
-import gold_cases  # noqa: E402  (tests/ is on sys.path: pytest's rootdir-relative import)
+import gold_cases  # noqa: E402
 
 MODES = ("flashkda", "accurate")
 # Relative RMSE (output, final state) against the float64 gold of the CPU emulation of each mode's

@@ -134,7 +134,7 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
                has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
                state_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int],
                final_fp32: cutlass.Constexpr[bool], final_slots: cutlass.Constexpr[bool],
-               accurate: cutlass.Constexpr[bool]):
+               accurate: cutlass.Constexpr[bool], ablation: cutlass.Constexpr[int]):
     VB = value_block
     MMA_WARPS = mma_warps(VB)
     LOAD_WARP = MMA_WARPS
@@ -283,16 +283,16 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
                 for nb in cutlass.range_constexpr(NB):
                     v_words = lambda: (select_b32(ok0, lds_b32(v_a0 + 16 * nb), Int32(0)),  # noqa: E731
                                        select_b32(ok1, lds_b32(v_a0 + 8 * VSTR + 16 * nb), Int32(0)))
-                    if cutlass.const_expr(accurate):
+                    if cutlass.const_expr(accurate and ablation != 1):
                         # U as hi + lo bf16 fragments; out = bf(o1 + acc32(Mqk U)), one rounding
-                        ub = solve_u_fragment_accurate(acc_u[nb], v_words, bs0, bs1, a_inv, zero)
+                        ub = solve_u_fragment_accurate(acc_u[nb], v_words, bs0, bs1, a_inv, zero, ablation)
                         u_frag.append(ub)
                         o2 = mma_split(a_mqk, ub, zero)
                         ow0 = pack_bf16x2(add_rn(acc_o[nb][0], o2[0]), add_rn(acc_o[nb][1], o2[1]))
                         ow1 = pack_bf16x2(add_rn(acc_o[nb][2], o2[2]), add_rn(acc_o[nb][3], o2[3]))
-                    else:
+                    else:  # FlashKDA's Q2-Q4 (and the ablation kernel with only the state in fp32)
                         ub = solve_u_fragment(acc_u[nb], v_words, bs0, bs1, a_inv, zero)
-                        u_frag.append(ub)
+                        u_frag.append((ub, None) if accurate else ub)
                         o2 = mma_bf16_16816(a_mqk, ub, (zero, zero, zero, zero))
                         o1r0, o1r1 = round_bf16x2(acc_o[nb][0], acc_o[nb][1])
                         o1r2, o1r3 = round_bf16x2(acc_o[nb][2], acc_o[nb][3])
@@ -312,14 +312,15 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
                         w_a0 = region + 128 * (nb + NB * (2 * mb)) + 4 * lane
                         w_a1 = w_a0 + 128 * NB
                         if cutlass.const_expr(accurate):
-                            wa, wb = state_f32_step(st, 4 * (nb + NB * mb), gam0, gam1, mma_state_update(a_kr, u_frag[nb], zero))
+                            ds = mma_state_update(a_kr, u_frag[nb], zero, ablation)
+                            wa, wb = state_f32_step(st, 4 * (nb + NB * mb), gam0, gam1, ds)
                             sts_b32(w_a0, wa)
                             sts_b32(w_a1, wb)
                         else:
                             ds = mma_bf16_16816(a_kr, u_frag[nb], (zero, zero, zero, zero))
                             iw = 2 * (mb * NB + nb)
-                            st_words[iw], st_words[iw + 1] = state_words_step(st_words[iw], st_words[iw + 1], gam0, gam1,
-                                                                              ds)
+                            st_words[iw], st_words[iw + 1] = state_words_step(st_words[iw], st_words[iw + 1],
+                                                                              gam0, gam1, ds)
                             sts_b32(w_a0, st_words[iw])
                             sts_b32(w_a1, st_words[iw + 1])
 
@@ -346,17 +347,18 @@ def k2_recurrence(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd
                   n_heads: Int32, cap: Int32, stream: cuda.CUstream,
                   has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
                   state_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int],
-                  accurate: cutlass.Constexpr[bool] = False):
+                  accurate: cutlass.Constexpr[bool] = False, ablation: cutlass.Constexpr[int] = 0):
     """K2 host entry: v/out [T_total, H, 128] bf16, workspace regions (docs/kernel_abi.md), sequence
     tables [n_seq + 1] int32, states [n_seq, H, 128, 128] (V x K). t_total is not needed by the
-    kernel (every access is bounded by seq_start). accurate: numerics="accurate" (docs/numerics.md)."""
+    kernel (every access is bounded by seq_start). accurate: numerics="accurate" (docs/numerics.md);
+    ablation: a partial accurate recipe, for the measurement only (recurrence_common.py, level)."""
     assert value_block in (128, 64, 32)
     table = cute.make_layout(n_seq + 1)
     _k2_kernel(v.toint(), out.toint(), ws_qd.toint(), ws_kd.toint(), ws_kr.toint(), ws_gt.toint(),
                ws_inv.toint(), ws_mqk.toint(), ws_bsig.toint(), cute.make_tensor(seq_start, table),
                cute.make_tensor(tile_prefix, table), initial_state.toint(), final_state.toint(),
                cute.make_tensor(seq_start, table), n_heads, cap,
-               has_initial, has_final, state_fp32, value_block, state_fp32, False, accurate).launch(
+               has_initial, has_final, state_fp32, value_block, state_fp32, False, accurate, ablation).launch(
         grid=(n_seq, n_heads, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream,
         use_pdl=True)
 
@@ -379,6 +381,6 @@ def k2_segments(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: 
                ws_inv.toint(), ws_mqk.toint(), ws_bsig.toint(), cute.make_tensor(seg_start, table),
                cute.make_tensor(seg_prefix, table), carries.toint(), final_state.toint(),
                cute.make_tensor(final_slot, cute.make_layout(n_seg)), n_heads, cap,
-               True, True, True, value_block, final_fp32, True, accurate).launch(
+               True, True, True, value_block, final_fp32, True, accurate, 0).launch(
         grid=(n_seg, n_heads, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream,
         use_pdl=True)
