@@ -124,7 +124,8 @@ def _k2(accurate: bool = False) -> List[Variant]:
                 variants.append(Variant(
                     k2_name(has_initial, has_final, state_fp32, vb, accurate), "k2_recurrence", "k2_recurrence", args,
                     constants=(("has_initial", has_initial), ("has_final", has_final),
-                               ("state_fp32", state_fp32), ("value_block", vb), ("accurate", accurate))))
+                               ("state_fp32", state_fp32), ("value_block", vb), ("accurate", accurate),
+                               ("ablation", 0))))
     return variants
 
 
@@ -197,9 +198,10 @@ def _k2_ablation() -> List[Variant]:
     """Measurement-only: numerics="accurate" K2 with part of its recipe (levels 1-3 of
     recurrence_common.py), for the H=64 [8192] benchmark shape's variant (bf16 states, VB=64), so
     that ci/numerics_table.py can time what each step of the recipe costs (docs/numerics.md). The
-    runtime never selects them (it asks for no `ablation` constant, and the full variant comes first)."""
+    runtime never selects them: it asks for ablation=0, the constant every other K2 variant has."""
     base = next(v for v in _k2(True) if v.name == k2_name(True, True, False, 64, True))
-    return [dataclasses.replace(base, name=f"{base.name}_l{level}", constants=base.constants + (("ablation", level),))
+    constants = tuple(c for c in base.constants if c[0] != "ablation")
+    return [dataclasses.replace(base, name=f"{base.name}_l{level}", constants=constants + (("ablation", level),))
             for level in (1, 2, 3)]
 
 

@@ -169,7 +169,7 @@ def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count:
     if not problem.has_final:
         k2 = planner.select_variant(lib.kernels.values(), "k2_recurrence",
                                     {"has_initial": True, "has_final": False, "state_fp32": True, "value_block": vb,
-                                     "accurate": accurate})
+                                     "accurate": accurate, "ablation": 0})
         prog.add(k2.name, dict(common, initial_state=ws(off["carries"]), final_state=NULL, **sizes))
     else:
         dtype = "f32" if problem.state_dtype == "float32" else "bf16"

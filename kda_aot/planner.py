@@ -66,6 +66,7 @@ def plan_serial(*, T: int, N: int, H: int, varlen: bool, has_initial: bool, has_
         "state_fp32": state_dtype == "float32" and (has_initial or has_final),
         "value_block": D // split,
         "accurate": numerics == "accurate",  # docs/numerics.md: a compile-time variant of K2
+        "ablation": 0,  # the full recipe (other levels are measurement-only kernels, registry._k2_ablation)
     }
     return SerialPlan(tile_capacity(T, N, varlen), split, constants,
                       f"{N * H} (sequence, head) pairs x {split} value blocks on {sm_count} SMs")

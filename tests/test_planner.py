@@ -26,7 +26,7 @@ def test_plan_serial_picks_state_variant():
     plan = planner.plan_serial(T=100, N=2, H=4, varlen=False, has_initial=True, has_final=False,
                                state_dtype="float32", sm_count=132)
     assert plan.k2_constants == {"has_initial": True, "has_final": False, "state_fp32": True, "value_block": 32,
-                                 "accurate": False}
+                                 "accurate": False, "ablation": 0}
     plan = planner.plan_serial(T=100, N=2, H=4, varlen=False, has_initial=True, has_final=False,
                                state_dtype="float32", sm_count=132, numerics="accurate")
     assert plan.k2_constants["accurate"] is True
