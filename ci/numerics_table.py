@@ -33,8 +33,8 @@ MODES = ("flashkda", "accurate")
 
 class Report:
     def __init__(self, out_dir: str):
-        self.md = os.path.join(out_dir, "numerics_table.md")
-        self.js = os.path.join(out_dir, "numerics_table.json")
+        self.md_path = os.path.join(out_dir, "numerics_table.md")
+        self.json_path = os.path.join(out_dir, "numerics_table.json")
         self.timing, self.accuracy, self.ablation = [], [], []
 
     def write(self):
@@ -56,9 +56,9 @@ class Report:
             lines += [f"| {r['recipe']} | {r['ms']:.3f} | {_pair(r.get('long memory'))} | {_pair(r.get('weak decay'))} |"
                       for r in self.ablation]
         text = "\n".join(lines) + "\n"
-        with open(self.md, "w") as f:
+        with open(self.md_path, "w") as f:
             f.write(text)
-        with open(self.js, "w") as f:
+        with open(self.json_path, "w") as f:
             json.dump({"timing": self.timing, "accuracy": self.accuracy, "ablation": self.ablation}, f, indent=1)
         return text
 
