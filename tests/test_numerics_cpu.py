@@ -127,3 +127,17 @@ def test_accurate_emulation_keeps_an_fp32_initial_state_on_an_empty_sequence():
 def test_reference_mode_is_named_when_wrong():
     with pytest.raises(ValueError, match="mode must be 'exact', 'emulate' or 'accurate'"):
         reference.chunked_prefill(**_long_memory(16), mode="fp32")
+
+
+@pytest.mark.parametrize("numerics", ["flashkda", "accurate"])
+def test_dense_cp_launches_with_the_manifests_arguments(rec, numerics):
+    """Dense [B, T] input with cp="on" (tests/gold_cases.py "no initial state" found this path
+    passing `seq_len` where the manifest declares the dense per-sequence length `t_total`)."""
+    x = problem_args(T=1100, H=2)
+    for name in ("q", "k", "v", "g", "out"):
+        x[name] = device_buffer(name, (2, 1100, 2, 128), "bfloat16")
+    x["beta"] = device_buffer("beta", (2, 1100, 2), "bfloat16")
+    call(x, cp="on", numerics=numerics, workspace=_ws(x, cp="on", numerics=numerics))
+    names = [launch.name for launch in rec.last]
+    assert names[0] == "cp_seg_tables_dense" and rec.last[0].args["t_total"] == 1100, names
+    assert names[2].startswith("cp_pre_scan_") and names[2].endswith("_acc") == (numerics == "accurate")
