@@ -98,13 +98,22 @@ STATE_IO = ((False, False), (True, False), (False, True), (True, True))
 VALUE_BLOCKS = ABI_CONSTANTS.VALUE_BLOCKS  # value rows of the state per K2 CTA (the value-column split)
 
 
-def k2_name(has_initial: bool, has_final: bool, state_fp32: bool, value_block: int) -> str:
+# numerics="accurate" (docs/numerics.md) is a compile-time variant of K2, segmented K2 and pre_scan:
+# its kernels carry the suffix "_acc" and the constant accurate=True; every other kernel serves both modes.
+NUMERICS = ("flashkda", "accurate")
+
+
+def _acc(accurate: bool) -> str:
+    return "_acc" if accurate else ""
+
+
+def k2_name(has_initial: bool, has_final: bool, state_fp32: bool, value_block: int, accurate: bool = False) -> str:
     io = {(False, False): "nostate", (True, False): "in", (False, True): "out", (True, True): "inout"}
     dtype = "" if not (has_initial or has_final) else ("_f32" if state_fp32 else "_bf16")
-    return f"k2_{io[(has_initial, has_final)]}{dtype}_vb{value_block}"
+    return f"k2_{io[(has_initial, has_final)]}{dtype}_vb{value_block}{_acc(accurate)}"
 
 
-def _k2() -> List[Variant]:
+def _k2(accurate: bool = False) -> List[Variant]:
     variants = []
     for has_initial, has_final in STATE_IO:
         for state_fp32 in ((False, True) if (has_initial or has_final) else (False,)):
@@ -113,13 +122,14 @@ def _k2() -> List[Variant]:
                 args = (ptr("v", "bfloat16"), ptr("out", "bfloat16")) + WORKSPACE_ARGS + SEQ_ARGS + (
                         ptr("initial_state", sdt), ptr("final_state", sdt)) + SIZE_ARGS + (STREAM,)
                 variants.append(Variant(
-                    k2_name(has_initial, has_final, state_fp32, vb), "k2_recurrence", "k2_recurrence", args,
+                    k2_name(has_initial, has_final, state_fp32, vb, accurate), "k2_recurrence", "k2_recurrence", args,
                     constants=(("has_initial", has_initial), ("has_final", has_final),
-                               ("state_fp32", state_fp32), ("value_block", vb))))
+                               ("state_fp32", state_fp32), ("value_block", vb), ("accurate", accurate),
+                               ("ablation", 0))))
     return variants
 
 
-def _k2_segments() -> List[Variant]:
+def _k2_segments(accurate: bool = False) -> List[Variant]:
     """Segmented K2 of a CP call: fp32 carries in, each sequence's last segment writes final_state
     (bf16 or fp32) at final_slot[segment]. A CP call without a final state uses k2_in_f32_*."""
     variants = []
@@ -131,8 +141,9 @@ def _k2_segments() -> List[Variant]:
                     ptr("seg_start", "int32", 4), ptr("seg_prefix", "int32", 4), ptr("carries", "float32"),
                     ptr("final_state", dtype), ptr("final_slot", "int32", 4), scalar("t_total", "i32"),
                     scalar("n_seg", "i32"), scalar("n_heads", "i32"), scalar("cap", "i32"), STREAM)
-            variants.append(Variant(f"k2_segments_{name}_vb{vb}", "k2_recurrence", "k2_segments", args,
-                                    constants=(("final_fp32", dtype == "float32"), ("value_block", vb))))
+            variants.append(Variant(f"k2_segments_{name}_vb{vb}{_acc(accurate)}", "k2_recurrence", "k2_segments", args,
+                                    constants=(("final_fp32", dtype == "float32"), ("value_block", vb),
+                                               ("accurate", accurate))))
     return variants
 
 
@@ -156,13 +167,14 @@ def _cp_merge() -> List[Variant]:
     return variants
 
 
-def _cp_pre_scan() -> List[Variant]:
+def _cp_pre_scan(accurate: bool = False) -> List[Variant]:
     """CP pre_scan (docs/algorithm.md §4.3): per non-last segment and head, B_j and M_j as fp32 [n_seg, H, 128, 128]."""
     args = (ptr("v", "bfloat16"), ptr("ws_kd", "uint8"), ptr("ws_kr", "uint8"), ptr("ws_gt", "float32"),
             ptr("ws_inv", "bfloat16"), ptr("ws_bsig", "bfloat16"), ptr("seq_start", "int32", 4),
             ptr("tile_prefix", "int32", 4), ptr("scan_seg", "int32", 4), ptr("b_seg", "float32"),
             ptr("m_seg", "float32"), scalar("n_scan", "i32"), scalar("n_heads", "i32"), scalar("cap", "i32"), STREAM)
-    return [Variant(f"cp_pre_scan_vb{vb}", "cp_pre_scan", "cp_pre_scan", args, constants=(("value_block", vb),))
+    return [Variant(f"cp_pre_scan_vb{vb}{_acc(accurate)}", "cp_pre_scan", "cp_pre_scan", args,
+                    constants=(("value_block", vb), ("accurate", accurate)))
             for vb in VALUE_BLOCKS]
 
 
@@ -224,12 +236,26 @@ def _checkpoint_index() -> List[Variant]:
     return [Variant("checkpoint_index", "checkpoint_index", "checkpoint_index", args)]
 
 
+def _k2_ablation() -> List[Variant]:
+    """Measurement-only: numerics="accurate" K2 with part of its recipe (levels 1-3 of
+    recurrence_common.py), for the H=64 [8192] benchmark shape's variant (bf16 states, VB=64), so
+    that ci/numerics_table.py can time what each step of the recipe costs (docs/numerics.md). The
+    runtime never selects them: it asks for ablation=0, the constant every other K2 variant has."""
+    base = next(v for v in _k2(True) if v.name == k2_name(True, True, False, 64, True))
+    constants = tuple(c for c in base.constants if c[0] != "ablation")
+    return [dataclasses.replace(base, name=f"{base.name}_l{level}", constants=constants + (("ablation", level),))
+            for level in (1, 2, 3)]
+
+
 # The build compiles exactly these, in this order: the library addresses kernels by index, so the
 # order is part of the ABI (kda_aot/_abi.py).
 FAMILIES = {"seq_tables": _seq_tables, "k1": _k1, "k2": _k2, "approx": _approx, "cp_merge": _cp_merge,
             "k2_segments": _k2_segments, "cp_pre_scan": _cp_pre_scan, "cp_seg_tables": _cp_seg_tables,
             # appended after the families above so that their kernel indices are unchanged
-            "k2_ext": _k2_ext, "cp_merge_pool": _cp_merge_pool, "checkpoint_index": _checkpoint_index}
+            "k2_ext": _k2_ext, "cp_merge_pool": _cp_merge_pool, "checkpoint_index": _checkpoint_index,
+            # numerics="accurate" last
+            "k2_accurate": lambda: _k2(True), "k2_segments_accurate": lambda: _k2_segments(True),
+            "cp_pre_scan_accurate": lambda: _cp_pre_scan(True), "k2_ablation": _k2_ablation}
 
 
 def all_variants() -> List[Variant]:

@@ -54,7 +54,8 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
             stream: Any = None, seq_lens: Optional[Sequence[int]] = None, cu_seqlens_cpu: Any = None,
             workspace: Any = None, validate: str = "device", value_split: Optional[int] = None,
             state_pool: Any = None, state_indices: Any = None, checkpoint_every: Optional[int] = None,
-            checkpoints: Any = None, checkpoint_index: Any = None, state_indices_cpu: Any = None) -> Tuple[Any, ...]:
+            checkpoints: Any = None, checkpoint_index: Any = None, state_indices_cpu: Any = None,
+            numerics: str = "flashkda") -> Tuple[Any, ...]:
     """KDA prefill (docs/api.md): returns (o, final_state or None), and a third element,
     Checkpoints(states, index), when checkpoint_every is given.
 
@@ -71,7 +72,9 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
     current stream for torch callers, else the legacy default stream. `cp`: "auto" splits long
     sequences when that pays, "off" never, "on" always (NotSplittableError when it cannot), an int
     forces up to that many segments per sequence (tests). `value_split` forces the K2 value-column
-    split (1, 2 or 4; tests and benchmarks).
+    split (1, 2 or 4; tests and benchmarks). `numerics`: "flashkda" (default) computes FlashKDA's
+    rounding recipe bit for bit (bf16 state between chunks); "accurate" keeps the state, the CP
+    carries and the solve's intermediates in fp32 (docs/numerics.md: errors and costs measured).
 
     State pool (docs/state_pool.md): `state_pool` [S, H, 128, 128] bf16 or fp32 (slots may be
     padded apart) and `state_indices` int32 [N] on the device: sequence n starts from
@@ -113,7 +116,7 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
     # a torch tensor's signature holds its contiguity only: the pool's slot stride joins the key
     pool_stride = state_pool.stride() if intake is not None and state_pool is not None else None
     options = (type(lower_bound), lower_bound, type(scale), scale, bool(output_final_state), type(cp), cp,
-               hint, value_split, type(checkpoint_every), checkpoint_every, pool_stride)
+               hint, value_split, type(checkpoint_every), checkpoint_every, pool_stride, type(numerics), numerics)
     try:
         key = (sig, options)
         plan = _PLANS.get(key)
@@ -121,7 +124,8 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
         key, plan = None, None
     if plan is None:
         descs = descs or _describe_all(tensors)
-        plan = _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split, checkpoint_every)
+        plan = _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split, checkpoint_every,
+                           numerics)
         if key is not None:
             _remember(key, plan)
     try:
@@ -129,7 +133,7 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
     except UnsafePointers:
         descs = descs or _describe_all(tensors)
         _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split,
-                    checkpoint_every)  # raises, naming it
+                    checkpoint_every, numerics)  # raises, naming it
         if descs[-1] is not None:  # the wall does not know the workspace: it overlaps something
             raise ValueError("workspace: overlaps an input or output of the call; pass a separate buffer")
         raise KdaError("internal error: a pointer check failed that the validation wall accepts")
@@ -314,7 +318,7 @@ def read_device_array(desc: TensorDesc, stream: int) -> np.ndarray:
 # plans
 
 def _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split,
-                checkpoint_every=None) -> CallPlan:
+                checkpoint_every=None, numerics="flashkda") -> CallPlan:
     """The whole wall on this call's descriptions, then the plan (raises naming the argument)."""
     t = dict(zip(_TENSOR_ARGS, descs))
     problem = validate_prefill(q=t["q"], k=t["k"], v=t["v"], g=t["g"], beta=t["beta"], A_log=t["A_log"],
@@ -322,7 +326,7 @@ def _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_s
                                initial_state=t["initial_state"], final_state=t["final_state"],
                                cu_seqlens=t["cu_seqlens"], out=t["out"], cp=cp, state_pool=t["state_pool"],
                                state_indices=t["state_indices"], checkpoint_every=checkpoint_every,
-                               checkpoints=t["checkpoints"], checkpoint_index=t["checkpoint_index"])
+                               checkpoints=t["checkpoints"], checkpoint_index=t["checkpoint_index"], numerics=numerics)
     if problem.checkpoint_every and problem.state_dtype is None:
         import dataclasses
 
@@ -456,10 +460,10 @@ def workspace_size(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_
                    value_split: Optional[int] = None, stream: Any = None, workspace: Any = None,
                    validate: str = "device", state_pool: Any = None, state_indices: Any = None,
                    checkpoint_every: Optional[int] = None, checkpoints: Any = None, checkpoint_index: Any = None,
-                   state_indices_cpu: Any = None) -> int:
+                   state_indices_cpu: Any = None, numerics: str = "flashkda") -> int:
     """Bytes of `workspace=` that prefill needs for these arguments (validated as prefill would).
     `stream`, `workspace`, `validate` and `state_indices_cpu` are accepted so that prefill's own
-    keyword arguments can be passed unchanged; they do not change the size."""
+    keyword arguments can be passed unchanged; they do not change the size (nor does `numerics`, which is checked)."""
     tensors = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state, state_pool,
                state_indices, checkpoints, checkpoint_index, None)
     descs = _describe_all(tensors)
@@ -468,7 +472,7 @@ def workspace_size(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_
         raise ValueError("state_pool: cannot be combined with output_final_state; the final states are written "
                          "back into the pool at state_indices")
     return _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split,
-                       checkpoint_every).workspace_bytes
+                       checkpoint_every, numerics).workspace_bytes
 
 
 def workspace_size_for(T: int, H: int, *, N: int = 1, varlen: bool = False, cu_dtype: str = "int32",

@@ -1,6 +1,6 @@
 """Benchmark: kda_aot.prefill against the memory floor and, when importable, FLA's chunk_kda.
 
-    python -m kda_aot.bench [--suite serial|cp|all] [--iters 100] [--warmup 20] [--md FILE]
+    python -m kda_aot.bench [--suite serial|cp|all] [--iters 100] [--warmup 20] [--md FILE] [--accurate]
 
 Method (docs/benchmarks.md; inputs of docs/algorithm.md §5.2): random inputs (q, k, v, g, beta ~ N(0,1) bf16, A_log and
 dt_bias ~ U(0,1), lower_bound -5), bf16 initial and final state, median of `iters` CUDA-event
@@ -175,6 +175,8 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--value-split", type=int, nargs="*", default=None,
                         help="also time these forced K2 value splits (1, 2, 4)")
+    parser.add_argument("--accurate", action="store_true",
+                        help='also time numerics="accurate" (kernels mode) and its ratio to the default "flashkda"')
     parser.add_argument("--md", help="write the table as markdown to this file")
     parser.add_argument("--json", help="write the rows as JSON to this file")
     parser.add_argument("--png", help="draw kda-aot's modes against the peers present (needs matplotlib)")
@@ -208,15 +210,16 @@ def main(argv=None) -> int:
           "graph = the eager call replayed from a CUDA graph. host us = the caller's thread per call.", flush=True)
     splits = args.value_split or []
     header = ["H", "sequences", "floor ms", "kernels ms", "eager ms", "eager+seq_lens ms", "graph ms", "plan"] + [
-        f"serial split {s} ms" for s in splits] + ["FLA ms", "FlashKDA ms (published, same H200 kind)",
+        f"serial split {s} ms" for s in splits] + (
+        ["accurate kernels ms", "accurate / flashkda"] if args.accurate else []) + ["FLA ms", "FlashKDA ms (published, same H200 kind)",
                                                     "host us eager / +seq_lens / given buffers"]
     rows = []
     for H, lens in cases:
         x, cu, out, final = make_case(H, lens)
-        call = lambda split=None, cp="auto": kda_aot.prefill(
+        call = lambda split=None, cp="auto", numerics="flashkda": kda_aot.prefill(
             x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
             initial_state=x["initial_state"], output_final_state=True, cu_seqlens=cu, seq_lens=lens,
-            out=out, final_state=final, cp=cp, value_split=split)
+            out=out, final_state=final, cp=cp, value_split=split, numerics=numerics)
         kernels_ms = time_ms(call, args.iters, args.warmup)
         eager, hinted = eager_runner(x, cu, lens), eager_runner(x, cu, lens, hint=True)
         eager_ms = time_ms(eager, args.iters, args.warmup)
@@ -227,6 +230,9 @@ def main(argv=None) -> int:
         plan = kda_aot.plan_prefill(lens, H, sm_count=torch.cuda.get_device_properties(0).multi_processor_count)
         plan_text = "serial" if plan.trivial else f"{plan.n_segments} segments (max {plan.max_segment_tiles} tiles)"
         split_ms = [time_ms(lambda s=s: call(s, "off"), args.iters, args.warmup) for s in splits]
+        if args.accurate:
+            acc_ms = time_ms(lambda: call(numerics="accurate"), args.iters, args.warmup)
+            split_ms += [acc_ms, acc_ms / kernels_ms]
         fla = None if args.no_fla else fla_runner(x, cu, H)
         fla_ms = time_ms(fla, args.iters, args.warmup) if fla else None
         key = shape_key(lens)

@@ -141,7 +141,7 @@ def serial_launch(lib: KernelLibrary, problem: Problem, sm_count: int, value_spl
     plan = planner.plan_serial(T=problem.T, N=problem.N, H=problem.H, varlen=problem.varlen,
                                has_initial=problem.has_initial, has_final=problem.has_final,
                                state_dtype=problem.state_dtype, sm_count=sm_count,
-                               value_split_override=value_split)
+                               value_split_override=value_split, numerics=problem.numerics)
     prog = Program(lib, problem.device_id)
     if _index_only(problem):
         layout = serial_layout(problem)
@@ -188,6 +188,8 @@ def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count:
     H, N, S = problem.H, problem.N, seg.max_segments
     split = value_split or planner.value_split(S, H, sm_count)
     vb = planner.D // split
+    accurate = problem.numerics == "accurate"
+    acc = "_acc" if accurate else ""  # numerics="accurate" kernels (build_kernels/registry.py)
     t_total = problem.B * problem.T
     cap = cp_tile_capacity(problem, seg)
     layout = cp_problem_layout(problem, seg)
@@ -200,7 +202,7 @@ def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count:
     if problem.varlen:
         prog.add(f"cp_seg_tables_{problem.cu_dtype}", dict(tables, cu_seqlens=Ref("cu_seqlens"), t_total=t_total))
     else:
-        prog.add("cp_seg_tables_dense", dict(tables, seq_len=problem.T))
+        prog.add("cp_seg_tables_dense", dict(tables, t_total=problem.T))  # dense: tokens per sequence
     if problem.checkpoint_every:
         # the sequences' own tables: the index table and the segments' checkpoint positions count
         # tokens from where each sequence starts
@@ -211,7 +213,7 @@ def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count:
     seg_tables = dict(seq_start=ws(off["seq_start"]), tile_prefix=ws(off["tile_prefix"]))
     n_scan = S - N  # a bound on the non-last segments; scan_seg marks the unused entries -1
     if n_scan > 0:
-        prog.add(f"cp_pre_scan_vb{vb}", dict(
+        prog.add(f"cp_pre_scan_vb{vb}{acc}", dict(
             v=Ref("v"), ws_kd=ws(off["kd"]), ws_kr=ws(off["kr"]), ws_gt=ws(off["gt"]), ws_inv=ws(off["inv"]),
             ws_bsig=ws(off["bsig"]), **seg_tables, scan_seg=ws(off["scan_seg"]), b_seg=ws(off["b_seg"]),
             m_seg=ws(off["m_seg"]), n_scan=n_scan, n_heads=H, cap=cap, stream=STREAM))
@@ -227,7 +229,8 @@ def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count:
             initial_state=Ref("initial_state") if problem.has_initial else NULL, carries=ws(off["carries"]),
             seg_first=ws(off["seg_first"]), seg_count=ws(off["seg_count"]), n_seq=N, n_heads=H, stream=STREAM))
     # Segments start from their carries (fp32, rounded to bf16 on entry exactly as serial K2 rounds
-    # an fp32 initial state); each sequence's last segment writes its final state.
+    # an fp32 initial state; kept in fp32 with numerics="accurate"); each sequence's last segment
+    # writes its final state.
     sizes = dict(t_total=t_total, n_seq=S, n_heads=H, cap=cap, stream=STREAM)
     common = dict(v=Ref("v"), out=Ref("out"), **_workspace_args(off), **seg_tables)
     if uses_k2_ext(problem):
@@ -237,11 +240,12 @@ def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count:
             **_k2_ext_args(problem, ws(off["carries"])), **sizes))
     elif not problem.has_final:
         k2 = planner.select_variant(lib.kernels.values(), "k2_recurrence",
-                                    {"has_initial": True, "has_final": False, "state_fp32": True, "value_block": vb})
+                                    {"has_initial": True, "has_final": False, "state_fp32": True, "value_block": vb,
+                                     "accurate": accurate, "ablation": 0})
         prog.add(k2.name, dict(common, initial_state=ws(off["carries"]), final_state=NULL, **sizes))
     else:
         dtype = "f32" if problem.state_dtype == "float32" else "bf16"
-        prog.add(f"k2_segments_{dtype}_vb{vb}", dict(
+        prog.add(f"k2_segments_{dtype}_vb{vb}{acc}", dict(
             v=Ref("v"), out=Ref("out"), **_workspace_args(off), seg_start=ws(off["seq_start"]),
             seg_prefix=ws(off["tile_prefix"]), carries=ws(off["carries"]), final_state=Ref("final_state"),
             final_slot=ws(off["final_slot"]), t_total=t_total, n_seg=S, n_heads=H, cap=cap, stream=STREAM))

@@ -55,7 +55,8 @@ class SerialPlan:
 
 
 def plan_serial(*, T: int, N: int, H: int, varlen: bool, has_initial: bool, has_final: bool,
-                state_dtype: Optional[str], sm_count: int, value_split_override: Optional[int] = None) -> SerialPlan:
+                state_dtype: Optional[str], sm_count: int, value_split_override: Optional[int] = None,
+                numerics: str = "flashkda") -> SerialPlan:
     split = value_split_override or value_split(N, H, sm_count)
     if split not in VALUE_SPLITS:
         raise ValueError(f"value_split: expected one of {VALUE_SPLITS}, got {split}")
@@ -64,6 +65,8 @@ def plan_serial(*, T: int, N: int, H: int, varlen: bool, has_initial: bool, has_
         "has_final": has_final,
         "state_fp32": state_dtype == "float32" and (has_initial or has_final),
         "value_block": D // split,
+        "accurate": numerics == "accurate",  # docs/numerics.md: a compile-time variant of K2
+        "ablation": 0,  # the full recipe (other levels are measurement-only kernels, registry._k2_ablation)
     }
     return SerialPlan(tile_capacity(T, N, varlen), split, constants,
                       f"{N * H} (sequence, head) pairs x {split} value blocks on {sm_count} SMs")

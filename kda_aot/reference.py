@@ -11,6 +11,10 @@ Three references, all on the inputs' device (CPU or CUDA):
   ex2/tanh/rsqrt are replaced by exact fp32 functions, so this is a ~1-2 bf16-ulp emulation of the
   kernels, not a bitwise one (§2.4 note); a GPU caller may pass the real approximations via
   `approx=`.
+* `chunked_prefill(mode="accurate")`: the recipe of numerics="accurate" (docs/numerics.md): K1 as
+  in "emulate", the tile step with an fp32 state, unrounded u, r and U entering their products as
+  bf16 hi + lo pairs, and one output rounding. Not bitwise (the order of the kernels' fp32
+  accumulation is not modelled); it measures what each rounding costs on the CPU.
 
 Inputs follow the low-level API (§1.1/§1.3): token-major [B, T, H, 128] tensors, beta logits
 [B, T, H], V-first states [N, H, V, K], optional packed `cu_seqlens` (then B = 1).
@@ -363,6 +367,41 @@ def _chunked_core(m, q, k, v, g, beta, A_log, dt_bias, s, *, lb, scale):
     return o, s
 
 
+class _AccurateMath(_EmulateMath):
+    """numerics="accurate": K1's recipe unchanged; the state enters and stays in fp32."""
+
+    def entry_state(self, s):
+        return s.float()
+
+
+def _split_mm(m, a, x):
+    """acc32(a (hi + lo)) with hi = bf(x), lo = bf(x - hi): an fp32 operand as two bf16 operands."""
+    hi = m.rb(x)
+    return (a.double() @ hi.double() + a.double() @ m.rb(x - hi).double()).float()
+
+
+def _chunked_core_accurate(m, q, k, v, g, beta, A_log, dt_bias, s, *, lb, scale):
+    """_chunked_core with the accurate tile step (docs/numerics.md A1-A5)."""
+    length = q.shape[0]
+    if length == 0:
+        return v.clone(), s.clone()
+    Qd, Kd, Kr, gam, b, INV, Mqk = _prepare_tiles(m, q, k, g, beta, A_log, dt_bias, lb, scale, length)
+    vt = _to_tiles(v, length)
+    bb = m.rb(b)[..., None]
+    outs = []
+    for j in range(vt.shape[0]):
+        st = m.rb(s).transpose(-1, -2)  # A1: the MMA operand is bf(S); S itself stays fp32
+        u = m.mm(Kd[j], st)  # A2: u unrounded
+        o1 = m.mm(Qd[j], st)
+        r = (vt[j] - u) * bb[j]
+        U = _split_mm(m, INV[j], r)  # A3: r as hi + lo
+        outs.append(m.rb(o1 + _split_mm(m, Mqk[j], U)))  # A4 (U as hi + lo), A5: one rounding
+        ds = _split_mm(m, Kr[j].transpose(-1, -2), U).transpose(-1, -2)  # A4 in the state update
+        s = m.fma(s, gam[j][:, None, :], ds)  # A1: no bf16 rounding
+    o = torch.stack(outs).transpose(1, 2).flatten(0, 1)[:length]
+    return o, s
+
+
 def chunked_prefill(q, k, v, g, beta, A_log, dt_bias, lower_bound, scale=None,
                     initial_state=None, cu_seqlens=None, mode: str = "emulate",
                     approx: Any = None) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -374,17 +413,23 @@ def chunked_prefill(q, k, v, g, beta, A_log, dt_bias, lower_bound, scale=None,
         `approx` may provide ex2/tanh/rsqrt callables (fp32 tensor -> fp32 tensor) replacing the
         exact fp32 defaults `_ex2`, `_tanh`, `_rsqrt`. Returns bf16 (o, final_state); an fp32
         final state of the kernels is the exact widening of this bf16 state (Q6).
+    mode="accurate": numerics="accurate" (docs/numerics.md). Returns bf16 o and fp32 final_state.
     """
+    core = _chunked_core
     if mode == "exact":
         m = _ExactMath()
     elif mode == "emulate":
         m = _EmulateMath(approx)
+    elif mode == "accurate":
+        m, core = _AccurateMath(approx), _chunked_core_accurate
     else:
-        raise ValueError(f"mode must be 'exact' or 'emulate', got {mode!r}")
-    o, final = _run(_chunked_core, m, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale,
+        raise ValueError(f"mode must be 'exact', 'emulate' or 'accurate', got {mode!r}")
+    o, final = _run(core, m, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale,
                     initial_state, cu_seqlens)
     if mode == "emulate":  # values are bf16-representable: the casts are exact
         o, final = o.to(torch.bfloat16), final.to(torch.bfloat16)
+    elif mode == "accurate":
+        o = o.to(torch.bfloat16)
     return o, final
 
 
@@ -414,7 +459,7 @@ def rel_rmse(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def make_inputs(shape: Union[Tuple[int, int], Sequence[int]], H: int, seed: int,
                 device: Union[str, torch.device] = "cpu",
-                state: Optional[str] = None) -> dict:
+                state: Optional[str] = None, g_mean: float = 0.0, lower_bound: float = -5.0) -> dict:
     """Realistic random inputs as keyword arguments of the references.
 
     `shape`: a tuple (B, T) gives dense inputs; a list of sequence lengths gives packed varlen
@@ -422,6 +467,9 @@ def make_inputs(shape: Union[Tuple[int, int], Sequence[int]], H: int, seed: int,
     practice, §5.2); A_log, dt_bias ~ U(0, 1) fp32; lower_bound -5; initial_state ~ 0.1 N(0, 1)
     in `state` dtype ("bf16" | "fp32") or None. Drawn on the CPU from `seed`, then moved to
     `device`, so the values do not depend on the device.
+
+    Long-memory classes (docs/numerics.md): `g_mean` shifts the gates to N(g_mean, 1) (-8: weak
+    decay through the gate's sigmoid), `lower_bound` -0.05 decays weakly whatever g is.
     """
     if isinstance(shape, tuple):
         B, T = shape
@@ -441,9 +489,9 @@ def make_inputs(shape: Union[Tuple[int, int], Sequence[int]], H: int, seed: int,
     bf16 = torch.bfloat16
     out = dict(
         q=randn(B, T, H, D).to(bf16), k=randn(B, T, H, D).to(bf16),
-        v=randn(B, T, H, D).to(bf16), g=randn(B, T, H, D).to(bf16),
+        v=randn(B, T, H, D).to(bf16), g=(randn(B, T, H, D) + g_mean).to(bf16),
         beta=randn(B, T, H).to(bf16),
-        A_log=rand(H), dt_bias=rand(H, D), lower_bound=-5.0, scale=D ** -0.5,
+        A_log=rand(H), dt_bias=rand(H, D), lower_bound=float(lower_bound), scale=D ** -0.5,
         initial_state=None, cu_seqlens=cu,
     )
     if state is not None:

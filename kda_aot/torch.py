@@ -64,12 +64,13 @@ def _prefill_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
                 scale: Optional[float] = None, initial_state: Optional[torch.Tensor] = None,
                 output_final_state: bool = False, cu_seqlens: Optional[torch.Tensor] = None,
                 cu_seqlens_cpu: Optional[torch.Tensor] = None, seq_lens: Optional[List[int]] = None,
-                cp: str = "auto") -> Tuple[torch.Tensor, torch.Tensor]:
+                cp: str = "auto", numerics: str = "flashkda") -> Tuple[torch.Tensor, torch.Tensor]:
     # api.prefill is looked up on every call (not bound at import) so CPU tests can stand in a
     # reference for the kernels and run torch.library.opcheck without a GPU.
     o, final = api.prefill(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, scale=scale,
                            initial_state=initial_state, output_final_state=output_final_state,
-                           cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, seq_lens=seq_lens, cp=cp)
+                           cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, seq_lens=seq_lens, cp=cp,
+                           numerics=numerics)
     if final is None:
         final = q.new_empty((0,), dtype=_state_dtype(initial_state))
     return o, final
@@ -77,7 +78,8 @@ def _prefill_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
 
 @_prefill_op.register_fake
 def _prefill_fake(q, k, v, g, beta, A_log, dt_bias, lower_bound=-5.0, scale=None, initial_state=None,
-                  output_final_state=False, cu_seqlens=None, cu_seqlens_cpu=None, seq_lens=None, cp="auto"):
+                  output_final_state=False, cu_seqlens=None, cu_seqlens_cpu=None, seq_lens=None, cp="auto",
+                  numerics="flashkda"):
     o = q.new_empty(q.shape)
     dtype = _state_dtype(initial_state)
     if not output_final_state:
@@ -95,16 +97,17 @@ def _prefill_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
                     lower_bound: float = -5.0, scale: Optional[float] = None,
                     initial_state: Optional[torch.Tensor] = None, cu_seqlens: Optional[torch.Tensor] = None,
                     cu_seqlens_cpu: Optional[torch.Tensor] = None, seq_lens: Optional[List[int]] = None,
-                    cp: str = "auto") -> None:
+                    cp: str = "auto", numerics: str = "flashkda") -> None:
     api.prefill(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, scale=scale,
                 initial_state=initial_state, output_final_state=final_state is not None, cu_seqlens=cu_seqlens,
                 cu_seqlens_cpu=cu_seqlens_cpu, seq_lens=seq_lens, cp=cp, out=out, final_state=final_state,
-                workspace=workspace)
+                workspace=workspace, numerics=numerics)
 
 
 @_prefill_out_op.register_fake
 def _prefill_out_fake(q, k, v, g, beta, A_log, dt_bias, out, final_state, workspace, lower_bound=-5.0,
-                      scale=None, initial_state=None, cu_seqlens=None, cu_seqlens_cpu=None, seq_lens=None, cp="auto"):
+                      scale=None, initial_state=None, cu_seqlens=None, cu_seqlens_cpu=None, seq_lens=None, cp="auto",
+                      numerics="flashkda"):
     return None
 
 
@@ -140,7 +143,7 @@ PREFILL_POOL = torch.ops.kda_aot.prefill_pool.default
 def prefill(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0, scale: Optional[float] = None,
             initial_state=None, output_final_state: bool = False, cu_seqlens=None, cu_seqlens_cpu=None,
             seq_lens: Optional[List[int]] = None, cp: str = "auto", out=None, final_state=None, workspace=None,
-            state_pool=None, state_indices=None):
+            state_pool=None, state_indices=None, numerics: str = "flashkda"):
     """kda_aot.prefill through the torch ops: returns (o, final_state or None).
 
     Same arguments and checks as kda_aot.prefill (README, kda_aot/api.py), less `stream=` (the op
@@ -162,18 +165,20 @@ def prefill(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0, scal
                                  "(kda_aot.prefill documents the pool; call it directly for out= / workspace=)")
         if state_pool is None or state_indices is None:
             raise ValueError("state_indices: state_pool and state_indices go together")
+        if numerics != "flashkda":
+            raise NotImplementedError("numerics: 'accurate' with state_pool is not built; use numerics='flashkda'")
         return PREFILL_POOL(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, lower_bound, scale,
                             cu_seqlens, hint, seq_lens, cp), None
     if out is None and final_state is None and workspace is None:
         o, final = PREFILL(q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, initial_state, output_final_state,
-                           cu_seqlens, hint, seq_lens, cp)
+                           cu_seqlens, hint, seq_lens, cp, numerics)
         return o, (final if output_final_state else None)
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if output_final_state and final_state is None:
         final_state = q.new_empty((_num_sequences(q, cu_seqlens), q.shape[2], D, D), dtype=_state_dtype(initial_state))
     PREFILL_OUT(q, k, v, g, beta, A_log, dt_bias, out, final_state, workspace, lower_bound, scale, initial_state,
-                cu_seqlens, hint, seq_lens, cp)
+                cu_seqlens, hint, seq_lens, cp, numerics)
     return out, final_state
 
 

@@ -55,6 +55,7 @@ class Problem:
     # Checkpoint states every checkpoint_every tokens (0: none) into n_checkpoints = B*T // C slots.
     checkpoint_every: int = 0
     n_checkpoints: int = 0
+    numerics: str = "flashkda"  # parse_numerics(numerics): "flashkda" | "accurate" (docs/numerics.md)
 
 
 # --------------------------------------------------------------------------------------------
@@ -111,7 +112,7 @@ Tensors = Dict[str, Optional["TensorDesc"]]
 def validate_prefill(*, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, initial_state,
                      final_state, cu_seqlens, out, cp, alignment: Optional[Alignment] = None, state_pool=None,
                      state_indices=None, checkpoint_every=None, checkpoints=None,
-                     checkpoint_index=None) -> Problem:
+                     checkpoint_index=None, numerics: str = "flashkda") -> Problem:
     """Check every argument of a prefill call; return the Problem or raise naming the argument.
 
     `alignment`: bytes per argument and dtype (a manifest's `arg_alignment`); default ALIGNMENT.
@@ -137,6 +138,11 @@ def validate_prefill(*, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, in
     lb = _check_lower_bound(lower_bound)
     sc = _check_scale(scale)
     cp_mode = parse_cp(cp)
+    numerics = parse_numerics(numerics)
+    if numerics == "accurate" and (state_pool is not None or checkpoint_every):
+        # the pool/checkpoint kernels (k2_ext, cp_merge_pool) are built with FlashKDA's recipe only
+        raise NotImplementedError("numerics: 'accurate' with state_pool or checkpoint_every is not built; "
+                                  "use numerics='flashkda' or initial_state/final_state")
     _check_no_alias(t)
     return Problem(
         B=B, T=T, H=H, N=N,
@@ -145,7 +151,7 @@ def validate_prefill(*, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, in
         state_dtype=_state_dtype(*(t[name] for name in _STATES)),
         has_initial=initial_state is not None,
         has_final=final_state is not None,
-        scale=sc, lower_bound=lb, device_id=q.device_id, cp=cp_mode,
+        scale=sc, lower_bound=lb, device_id=q.device_id, cp=cp_mode, numerics=numerics,
         pooled=state_pool is not None,
         n_pool=state_pool.shape[0] if state_pool is not None else 0,
         slot_stride=pool_slot_stride(state_pool) if state_pool is not None else 0,
@@ -468,6 +474,18 @@ def parse_cp(cp, name: str = "cp") -> CpMode:
         raise ValueError(f"{name}: a segment count per sequence must be >= 1, got {int(cp)}")
     raise ValueError(f"{name}: expected \"off\", \"auto\", \"on\" or an int >= 1, "
                      f"got {cp!r} ({type(cp).__name__})")
+
+
+NUMERICS = ("flashkda", "accurate")
+
+
+def parse_numerics(numerics) -> str:
+    """"flashkda" (FlashKDA's rounding recipe, bit for bit) | "accurate" (fp32 where the recipe's bf16
+    roundings cost accuracy, docs/numerics.md); anything else is a ValueError naming the argument."""
+    if type(numerics) is str and numerics in NUMERICS:
+        return numerics
+    raise ValueError(f"numerics: expected \"flashkda\" or \"accurate\", got {numerics!r}"
+                     + ("" if isinstance(numerics, str) else f" ({type(numerics).__name__})"))
 
 
 def check_cu_seqlens_values(values: Sequence[int], T: int, name: str = "cu_seqlens") -> None:

@@ -25,7 +25,11 @@ def test_value_split_fills_the_machine(N, H, sms, want):
 def test_plan_serial_picks_state_variant():
     plan = planner.plan_serial(T=100, N=2, H=4, varlen=False, has_initial=True, has_final=False,
                                state_dtype="float32", sm_count=132)
-    assert plan.k2_constants == {"has_initial": True, "has_final": False, "state_fp32": True, "value_block": 32}
+    assert plan.k2_constants == {"has_initial": True, "has_final": False, "state_fp32": True, "value_block": 32,
+                                 "accurate": False, "ablation": 0}
+    plan = planner.plan_serial(T=100, N=2, H=4, varlen=False, has_initial=True, has_final=False,
+                               state_dtype="float32", sm_count=132, numerics="accurate")
+    assert plan.k2_constants["accurate"] is True
     plan = planner.plan_serial(T=100, N=2, H=4, varlen=False, has_initial=False, has_final=False,
                                state_dtype=None, sm_count=132, value_split_override=1)
     assert plan.k2_constants["value_block"] == 128 and plan.k2_constants["state_fp32"] is False

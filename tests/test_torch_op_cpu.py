@@ -39,7 +39,8 @@ class StandIn:
                  seq_lens=None, cu_seqlens_cpu=None, cp="auto", **rest):
         self.calls.append(dict(q=q, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, scale=scale,
                                initial_state=initial_state, output_final_state=output_final_state,
-                               cu_seqlens=cu_seqlens, seq_lens=seq_lens, cu_seqlens_cpu=cu_seqlens_cpu, cp=cp))
+                               cu_seqlens=cu_seqlens, seq_lens=seq_lens, cu_seqlens_cpu=cu_seqlens_cpu, cp=cp,
+                               numerics=rest.get("numerics")))
         o64, s64 = reference.gold_prefill(q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, initial_state,
                                           cu_seqlens)
         o = q.new_empty(q.shape) if out is None else out
@@ -240,6 +241,18 @@ def test_op_passes_every_argument_through(stand_in):
     assert torch.equal(o, o64.to(torch.bfloat16)) and torch.equal(final, s64.to(torch.bfloat16))
     _, none = kt.prefill(*_args(x), A_log=x["A_log"], dt_bias=x["dt_bias"], cu_seqlens=x["cu_seqlens"])
     assert none is None
+
+
+@pytest.mark.parametrize("given_out", [False, True])
+def test_ops_pass_numerics_through(stand_in, given_out):
+    x = _inputs([10, 6], state="fp32")
+    out = {"out": torch.empty_like(x["q"])} if given_out else {}
+    for numerics in ("accurate", "flashkda"):
+        kt.prefill(*_args(x), A_log=x["A_log"], dt_bias=x["dt_bias"], initial_state=x["initial_state"],
+                   output_final_state=True, cu_seqlens=x["cu_seqlens"], numerics=numerics, **out)
+        assert stand_in.calls[-1]["numerics"] == numerics
+    kt.prefill(*_args(x), A_log=x["A_log"], dt_bias=x["dt_bias"], cu_seqlens=x["cu_seqlens"], **out)
+    assert stand_in.calls[-1]["numerics"] == "flashkda"  # the operators' default
 
 
 def test_out_variant_allocates_what_is_missing(stand_in):

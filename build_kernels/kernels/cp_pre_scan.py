@@ -62,7 +62,8 @@ from cutlass import Float32, Int32, Int64
 from .ptx_ops import (fma_rn, ldg_b32, lds_b32, lds_bf16_f32, lds_f32, ldsm_x4, ldsm_x4_t, mma_bf16_16816,
                       pack_bf16x2, select_b32, stg_f32, stg_f32_pair_from_bf16, sts_b32, unpack_bf16x2)
 from .recurrence_common import (BSIG_BYTES, GT_BYTES, HEAD_ROW_BYTES, SQ_BYTES, STAGES, TILE_BYTES, alloc_ring,
-                                init_ring, mma_warps, produce_tiles, solve_u_fragment, state_words_step, v_stride)
+                                init_ring, mma_state_update, mma_warps, produce_tiles, solve_u_fragment,
+                                solve_u_fragment_accurate, state_f32_step, state_words_step, v_stride)
 from .tile_ops import CHUNK, D, await_previous_grid, m_seg_column
 
 OFF_KD, OFF_KR = 0, TILE_BYTES
@@ -81,7 +82,8 @@ def stage_bytes(vb: int) -> int:
 @cute.kernel
 def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, inv_ptr: Int64, bsig_ptr: Int64,
                      start_ptr: Int64, prefix_ptr: Int64, scan_ptr: Int64, bseg_ptr: Int64, mseg_ptr: Int64,
-                     n_heads: Int32, cap: Int32, value_block: cutlass.Constexpr[int]):
+                     n_heads: Int32, cap: Int32, value_block: cutlass.Constexpr[int],
+                     accurate: cutlass.Constexpr[bool]):
     VB = value_block
     MMA_WARPS = mma_warps(VB)
     LOAD_WARP = MMA_WARPS
@@ -168,6 +170,11 @@ def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, 
             # The S-chain's words at this lane's Q5 positions, kept in registers across tiles exactly as
             # K2 keeps them (S starts at 0): Q5 reads the old state here, shared memory only feeds Q1.
             st_words = [Int32(0) for _ in range(2 * (D // 16) * NB)]
+            if cutlass.const_expr(accurate):
+                # numerics="accurate": K2's accurate chain, the S-chain's fp32 master state from 0
+                st = cute.make_rmem_tensor(32 * NB, Float32)
+                for e in cutlass.range_constexpr(32 * NB):
+                    st[e] = zero
             for i in cutlass.range(ntiles, unroll=1):
                 s = i % STAGES
                 cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
@@ -208,12 +215,14 @@ def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, 
                 v_a0 = sb + OFF_V + g * VSTR + (w * NW + 2 * q) * 2
                 u_frag = []
                 x_frag = []
+                # (numerics="accurate": both chains with K2's accurate Q2 + Q3, U as hi + lo fragments)
+                solve = solve_u_fragment_accurate if accurate else solve_u_fragment
                 for nb in cutlass.range_constexpr(NB):
-                    u_frag.append(solve_u_fragment(
+                    u_frag.append(solve(
                         acc_u[nb], lambda: (select_b32(ok0, lds_b32(v_a0 + 16 * nb), Int32(0)),
                                             select_b32(ok1, lds_b32(v_a0 + 8 * VSTR + 16 * nb), Int32(0))),
                         bs0, bs1, a_inv, zero))
-                    x_frag.append(solve_u_fragment(acc_x[nb], None, bs0, bs1, a_inv, zero))
+                    x_frag.append(solve(acc_x[nb], None, bs0, bs1, a_inv, zero))
 
                 # -------- Q5: S^T = bf(fma(S^T, gamma, Kr^T U)); X^T = fma(X^T, gamma, Kr^T U_X) in fp32
                 for mb in cutlass.range_constexpr(D // 16):
@@ -221,15 +230,23 @@ def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, 
                     gam0 = lds_f32(sb + OFF_GT + 4 * (16 * mb + g))
                     gam1 = lds_f32(sb + OFF_GT + 4 * (16 * mb + 8 + g))
                     for nb in cutlass.range_constexpr(NB):
-                        ds = mma_bf16_16816(a_kr, u_frag[nb], (zero, zero, zero, zero))
                         w_a0 = region + 128 * (nb + NB * (2 * mb)) + 4 * lane
                         w_a1 = w_a0 + 128 * NB
-                        iw = 2 * (mb * NB + nb)
-                        st_words[iw], st_words[iw + 1] = state_words_step(st_words[iw], st_words[iw + 1], gam0, gam1, ds)
-                        sts_b32(w_a0, st_words[iw])
-                        sts_b32(w_a1, st_words[iw + 1])
+                        if cutlass.const_expr(accurate):
+                            ds = mma_state_update(a_kr, u_frag[nb], zero)
+                            wa, wb = state_f32_step(st, 4 * (nb + NB * mb), gam0, gam1, ds)
+                            sts_b32(w_a0, wa)
+                            sts_b32(w_a1, wb)
+                            dx = mma_state_update(a_kr, x_frag[nb], zero)
+                        else:
+                            ds = mma_bf16_16816(a_kr, u_frag[nb], (zero, zero, zero, zero))
+                            iw = 2 * (mb * NB + nb)
+                            st_words[iw], st_words[iw + 1] = state_words_step(st_words[iw], st_words[iw + 1],
+                                                                              gam0, gam1, ds)
+                            sts_b32(w_a0, st_words[iw])
+                            sts_b32(w_a1, st_words[iw + 1])
+                            dx = mma_bf16_16816(a_kr, x_frag[nb], (zero, zero, zero, zero))
 
-                        dx = mma_bf16_16816(a_kr, x_frag[nb], (zero, zero, zero, zero))
                         e = 4 * (nb + NB * mb)
                         n0 = fma_rn(xr[e], gam0, dx[0])
                         n1 = fma_rn(xr[e + 1], gam0, dx[1])
@@ -248,13 +265,21 @@ def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, 
 
             # -------- exit: b_seg[j, h, v, k] = f32(S^T[k, v]) (exact), m_seg[j, h, i, k] = X^T[k, i] (fp32,
             # column k swizzled)
-            for jj in cutlass.range_constexpr(D // 32):
-                k = lane + 32 * jj
-                koff = 128 * NB * (k >> 3) + 16 * (k & 7)
-                for p in cutlass.range_constexpr(NW // 2):
-                    word = lds_b32(region + koff + 128 * (p // 4) + 4 * (p % 4))
-                    e0 = out_base + Int64(col0 + 2 * p) * D + Int64(k)
-                    stg_f32_pair_from_bf16(bseg_ptr + e0 * 4, bseg_ptr + (e0 + D) * 4, word)
+            if cutlass.const_expr(accurate):  # b_seg from the fp32 master state (K2's fragment positions)
+                for mb in cutlass.range_constexpr(D // 16):
+                    for nb in cutlass.range_constexpr(NB):
+                        e = 4 * (nb + NB * mb)
+                        a = out_base + Int64(col0 + 8 * nb + 2 * q) * D + Int64(16 * mb + g)
+                        for c in cutlass.range_constexpr(4):
+                            stg_f32(bseg_ptr + (a + Int64(D * (c & 1) + 8 * (c >> 1))) * 4, st[e + c])
+            else:
+                for jj in cutlass.range_constexpr(D // 32):
+                    k = lane + 32 * jj
+                    koff = 128 * NB * (k >> 3) + 16 * (k & 7)
+                    for p in cutlass.range_constexpr(NW // 2):
+                        word = lds_b32(region + koff + 128 * (p // 4) + 4 * (p % 4))
+                        e0 = out_base + Int64(col0 + 2 * p) * D + Int64(k)
+                        stg_f32_pair_from_bf16(bseg_ptr + e0 * 4, bseg_ptr + (e0 + D) * 4, word)
             # m_seg's columns are swizzled for the merge's bulk copy (tile_ops.m_seg_column): row r keeps
             # column c at c ^ 8 (r & 3); this lane's rows are i0 = col0 + 8 nb + 2q and i0 + 1
             for mb in cutlass.range_constexpr(D // 16):
@@ -274,13 +299,15 @@ def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, 
 def cp_pre_scan(v: cute.Pointer, ws_kd: cute.Pointer, ws_kr: cute.Pointer, ws_gt: cute.Pointer,
                 ws_inv: cute.Pointer, ws_bsig: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer,
                 scan_seg: cute.Pointer, b_seg: cute.Pointer, m_seg: cute.Pointer, n_scan: Int32, n_heads: Int32,
-                cap: Int32, stream: cuda.CUstream, value_block: cutlass.Constexpr[int]):
+                cap: Int32, stream: cuda.CUstream, value_block: cutlass.Constexpr[int],
+                accurate: cutlass.Constexpr[bool] = False):
     """pre_scan host entry: v [T_total, H, 128] bf16, workspace regions kd/kr/gt/inv/bsig
     (docs/kernel_abi.md) written by K1 with the SEGMENT tables seq_start/tile_prefix [n_seg + 1],
     scan_seg int32 [n_scan] (segments to process, never a sequence's last), outputs b_seg/m_seg fp32
-    [n_seg, H, 128, 128] (only the scanned segments' blocks are written)."""
+    [n_seg, H, 128, 128] (only the scanned segments' blocks are written). accurate: numerics="accurate"
+    (docs/numerics.md), B_j from K2's accurate chain in fp32."""
     assert value_block in (128, 64, 32)
     _pre_scan_kernel(v.toint(), ws_kd.toint(), ws_kr.toint(), ws_gt.toint(), ws_inv.toint(), ws_bsig.toint(),
                      seq_start.toint(), tile_prefix.toint(), scan_seg.toint(), b_seg.toint(), m_seg.toint(),
-                     n_heads, cap, value_block).launch(
+                     n_heads, cap, value_block, accurate).launch(
         grid=(n_scan, n_heads, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream, use_pdl=True)

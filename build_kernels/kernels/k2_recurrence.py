@@ -60,11 +60,12 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64, Float32
 
-from .ptx_ops import (add_rn, ldg_bf16_pair, ldg_f32_pair_bf16, lds_b32, lds_bf16_f32, lds_f32, ldsm_x4, ldsm_x4_t,
-                      mma_bf16_16816, pack_bf16x2, round_bf16x2, select_b32, stg_b32_if, stg_bf16_pair,
-                      stg_f32_pair_from_bf16, sts_b32)
+from .ptx_ops import (add_rn, ldg_bf16_pair, ldg_f32, ldg_f32_pair_bf16, lds_b32, lds_bf16_f32, lds_f32, ldsm_x4,
+                      ldsm_x4_t, mma_bf16_16816, pack_bf16x2, round_bf16x2, select_b32, stg_b32_if, stg_bf16_pair,
+                      stg_f32, stg_f32_pair_from_bf16, sts_b32, unpack_bf16x2)
 from .recurrence_common import (BSIG_BYTES, GT_BYTES, HEAD_ROW_BYTES, SQ_BYTES, STAGES, TILE_BYTES, alloc_ring,
-                                init_ring, mma_warps, produce_tiles, solve_u_fragment, state_words_step, v_stride)
+                                init_ring, mma_split, mma_state_update, mma_warps, produce_tiles, solve_u_fragment,
+                                solve_u_fragment_accurate, state_f32_step, state_words_step, v_stride)
 from .state_io import checkpoint_due, pool_slot, sequence_start_of
 from .tile_ops import CHUNK, D, await_previous_grid
 
@@ -121,6 +122,33 @@ def _load_entry_state(init_ptr, state_base, region, lane, col0, NB: int, NW: int
                 sts_b32(waddr, Int32(0))
 
 
+def _load_master_state(st, st_words, init_ptr, state_base, col0, g, q, NB: int, from_f32: bool):
+    """numerics="accurate" entry: this lane's fp32 master state at its Q5 C-fragment positions
+    (st[4 (nb + NB mb) + c] = S^T[16 mb + g + 8 (c >> 1), col0 + 8 nb + 2 q + (c & 1)]): an fp32
+    initial state (or carry) read as it is, else the exact widening of the bf16 words already loaded."""
+    for mb in range(D // 16):
+        for nb in range(NB):
+            e = 4 * (nb + NB * mb)
+            if from_f32:
+                a = state_base + Int64(col0 + 8 * nb + 2 * q) * D + Int64(16 * mb + g)
+                for c in range(4):
+                    st[e + c] = ldg_f32(init_ptr + (a + Int64(D * (c & 1) + 8 * (c >> 1))) * 4)
+            else:
+                iw = 2 * (mb * NB + nb)
+                st[e], st[e + 1] = unpack_bf16x2(st_words[iw])
+                st[e + 2], st[e + 3] = unpack_bf16x2(st_words[iw + 1])
+
+
+def _store_master_state(st, final_ptr, final_base, col0, g, q, NB: int):
+    """numerics="accurate" exit of an fp32 final state: the master values as they are (no bf16 step)."""
+    for mb in range(D // 16):
+        for nb in range(NB):
+            e = 4 * (nb + NB * mb)
+            a = final_base + Int64(col0 + 8 * nb + 2 * q) * D + Int64(16 * mb + g)
+            for c in range(4):
+                stg_f32(final_ptr + (a + Int64(D * (c & 1) + 8 * (c >> 1))) * 4, st[e + c])
+
+
 @cute.kernel
 def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64,
                inv_ptr: Int64, mqk_ptr: Int64, bsig_ptr: Int64, mStart: cute.Tensor, mPrefix: cute.Tensor,
@@ -130,7 +158,8 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
                has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
                state_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int],
                final_fp32: cutlass.Constexpr[bool], final_slots: cutlass.Constexpr[bool],
-               ext: cutlass.Constexpr[bool]):
+               ext: cutlass.Constexpr[bool], accurate: cutlass.Constexpr[bool],
+               ablation: cutlass.Constexpr[int]):
     VB = value_block
     MMA_WARPS = mma_warps(VB)
     LOAD_WARP = MMA_WARPS
@@ -231,6 +260,11 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
                     w_a0 = region + 128 * (nb + NB * (2 * mb)) + 4 * lane
                     st_words.append(lds_b32(w_a0))
                     st_words.append(lds_b32(w_a0 + 128 * NB))
+            if cutlass.const_expr(accurate):
+                # numerics="accurate": the state lives in fp32 registers (st); shared memory keeps only
+                # its bf16 copy, Q1's MMA operand (docs/numerics.md)
+                st = cute.make_rmem_tensor(32 * NB, Float32)
+                _load_master_state(st, st_words, init_ptr, state_base, col0, g, q, NB, has_initial and state_fp32)
             for i in cutlass.range(ntiles, unroll=1):
                 s = i % STAGES
                 cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
@@ -276,18 +310,25 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
                 v_a0 = sb + OFF_V + g * VSTR + (w * NW + 2 * q) * 2
                 u_frag = []
                 for nb in cutlass.range_constexpr(NB):
-                    ub = solve_u_fragment(
-                        acc_u[nb], lambda: (select_b32(ok0, lds_b32(v_a0 + 16 * nb), Int32(0)),
-                                            select_b32(ok1, lds_b32(v_a0 + 8 * VSTR + 16 * nb), Int32(0))),
-                        bs0, bs1, a_inv, zero)
-                    u_frag.append(ub)
-                    o2 = mma_bf16_16816(a_mqk, ub, (zero, zero, zero, zero))
-                    o1r0, o1r1 = round_bf16x2(acc_o[nb][0], acc_o[nb][1])
-                    o1r2, o1r3 = round_bf16x2(acc_o[nb][2], acc_o[nb][3])
-                    o2r0, o2r1 = round_bf16x2(o2[0], o2[1])
-                    o2r2, o2r3 = round_bf16x2(o2[2], o2[3])
-                    ow0 = pack_bf16x2(add_rn(o1r0, o2r0), add_rn(o1r1, o2r1))
-                    ow1 = pack_bf16x2(add_rn(o1r2, o2r2), add_rn(o1r3, o2r3))
+                    v_words = lambda: (select_b32(ok0, lds_b32(v_a0 + 16 * nb), Int32(0)),  # noqa: E731
+                                       select_b32(ok1, lds_b32(v_a0 + 8 * VSTR + 16 * nb), Int32(0)))
+                    if cutlass.const_expr(accurate and ablation != 1):
+                        # U as hi + lo bf16 fragments; out = bf(o1 + acc32(Mqk U)), one rounding
+                        ub = solve_u_fragment_accurate(acc_u[nb], v_words, bs0, bs1, a_inv, zero, ablation)
+                        u_frag.append(ub)
+                        o2 = mma_split(a_mqk, ub, zero)
+                        ow0 = pack_bf16x2(add_rn(acc_o[nb][0], o2[0]), add_rn(acc_o[nb][1], o2[1]))
+                        ow1 = pack_bf16x2(add_rn(acc_o[nb][2], o2[2]), add_rn(acc_o[nb][3], o2[3]))
+                    else:  # FlashKDA's Q2-Q4 (and the ablation kernel with only the state in fp32)
+                        ub = solve_u_fragment(acc_u[nb], v_words, bs0, bs1, a_inv, zero)
+                        u_frag.append((ub, None) if accurate else ub)
+                        o2 = mma_bf16_16816(a_mqk, ub, (zero, zero, zero, zero))
+                        o1r0, o1r1 = round_bf16x2(acc_o[nb][0], acc_o[nb][1])
+                        o1r2, o1r3 = round_bf16x2(acc_o[nb][2], acc_o[nb][3])
+                        o2r0, o2r1 = round_bf16x2(o2[0], o2[1])
+                        o2r2, o2r3 = round_bf16x2(o2[2], o2[3])
+                        ow0 = pack_bf16x2(add_rn(o1r0, o2r0), add_rn(o1r1, o2r1))
+                        ow1 = pack_bf16x2(add_rn(o1r2, o2r2), add_rn(o1r3, o2r3))
                     stg_b32_if(out_a0 + 16 * nb, ow0, ok0)
                     stg_b32_if(out_a1 + 16 * nb, ow1, ok1)
 
@@ -297,13 +338,20 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
                     gam0 = lds_f32(sb + OFF_GT + 4 * (16 * mb + g))
                     gam1 = lds_f32(sb + OFF_GT + 4 * (16 * mb + 8 + g))
                     for nb in cutlass.range_constexpr(NB):
-                        ds = mma_bf16_16816(a_kr, u_frag[nb], (zero, zero, zero, zero))
                         w_a0 = region + 128 * (nb + NB * (2 * mb)) + 4 * lane
                         w_a1 = w_a0 + 128 * NB
-                        iw = 2 * (mb * NB + nb)
-                        st_words[iw], st_words[iw + 1] = state_words_step(st_words[iw], st_words[iw + 1], gam0, gam1, ds)
-                        sts_b32(w_a0, st_words[iw])
-                        sts_b32(w_a1, st_words[iw + 1])
+                        if cutlass.const_expr(accurate):
+                            ds = mma_state_update(a_kr, u_frag[nb], zero, ablation)
+                            wa, wb = state_f32_step(st, 4 * (nb + NB * mb), gam0, gam1, ds)
+                            sts_b32(w_a0, wa)
+                            sts_b32(w_a1, wb)
+                        else:
+                            ds = mma_bf16_16816(a_kr, u_frag[nb], (zero, zero, zero, zero))
+                            iw = 2 * (mb * NB + nb)
+                            st_words[iw], st_words[iw + 1] = state_words_step(st_words[iw], st_words[iw + 1],
+                                                                              gam0, gam1, ds)
+                            sts_b32(w_a0, st_words[iw])
+                            sts_b32(w_a1, st_words[iw + 1])
 
                 # state writes visible to the whole warp before the next Q1; every thread releases
                 # its own stage reads (empty[s] counts 32 arrivals per MMA warp)
@@ -320,12 +368,14 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
             # -------- Q6 exit state
             if cutlass.const_expr(has_final):
                 if slot >= 0:
-                    if cutlass.const_expr(ext):
+                    if cutlass.const_expr(ext):  # never accurate (the host entry asserts it)
                         _store_exit_state(final_ptr, Int64(slot) * slot_stride + h64 * Int64(D * D), region, lane,
                                           col0, NB, NW, final_fp32)
-                    else:
-                        _store_exit_state(final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), region, lane, col0,
-                                          NB, NW, final_fp32)
+                    elif cutlass.const_expr(accurate and final_fp32):
+                        _store_master_state(st, final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), col0, g, q, NB)
+                    else:  # bf16 (in accurate mode the shared copy is bf(master): the same values)
+                        _store_exit_state(final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), region, lane, col0, NB,
+                                          NW, final_fp32)
 
 
 @cute.jit
@@ -335,10 +385,12 @@ def k2_recurrence(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd
                   initial_state: cute.Pointer, final_state: cute.Pointer, t_total: Int32, n_seq: Int32,
                   n_heads: Int32, cap: Int32, stream: cuda.CUstream,
                   has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
-                  state_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int]):
+                  state_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int],
+                  accurate: cutlass.Constexpr[bool] = False, ablation: cutlass.Constexpr[int] = 0):
     """K2 host entry: v/out [T_total, H, 128] bf16, workspace regions (docs/kernel_abi.md), sequence
     tables [n_seq + 1] int32, states [n_seq, H, 128, 128] (V x K). t_total is not needed by the
-    kernel (every access is bounded by seq_start)."""
+    kernel (every access is bounded by seq_start). accurate: numerics="accurate" (docs/numerics.md);
+    ablation: a partial accurate recipe, for the measurement only (recurrence_common.py, level)."""
     assert value_block in (128, 64, 32)
     table = cute.make_layout(n_seq + 1)
     _k2_kernel(v.toint(), out.toint(), ws_qd.toint(), ws_kd.toint(), ws_kr.toint(), ws_gt.toint(),
@@ -346,7 +398,7 @@ def k2_recurrence(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd
                cute.make_tensor(tile_prefix, table), initial_state.toint(), final_state.toint(),
                cute.make_tensor(seq_start, table), n_heads, cap,
                Int64(0), Int64(0), Int32(0), Int64(0), Int32(0), cute.make_tensor(seq_start, table), n_seq,
-               has_initial, has_final, state_fp32, value_block, state_fp32, False, False).launch(
+               has_initial, has_final, state_fp32, value_block, state_fp32, False, False, accurate, ablation).launch(
         grid=(n_seq, n_heads, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream,
         use_pdl=True)
 
@@ -357,7 +409,8 @@ def k2_segments(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: 
                 ws_bsig: cute.Pointer, seg_start: cute.Pointer, seg_prefix: cute.Pointer,
                 carries: cute.Pointer, final_state: cute.Pointer, final_slot: cute.Pointer, t_total: Int32,
                 n_seg: Int32, n_heads: Int32, cap: Int32, stream: cuda.CUstream,
-                final_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int]):
+                final_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int],
+                accurate: cutlass.Constexpr[bool] = False):
     """Segmented K2 of a CP call (docs/algorithm.md §4.5): K2 with segments in place of sequences, entry states
     from the merge's fp32 carries [n_seg, H, 128, 128], and the exit state of segment j written to
     final_state[final_slot[j]] (bf16 or fp32 [n_seq, H, 128, 128]) when final_slot[j] >= 0, i.e.
@@ -369,7 +422,7 @@ def k2_segments(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: 
                cute.make_tensor(seg_prefix, table), carries.toint(), final_state.toint(),
                cute.make_tensor(final_slot, cute.make_layout(n_seg)), n_heads, cap,
                Int64(0), Int64(0), Int32(0), Int64(0), Int32(0), cute.make_tensor(seg_start, table), n_seg,
-               True, True, True, value_block, final_fp32, True, False).launch(
+               True, True, True, value_block, final_fp32, True, False, accurate, 0).launch(
         grid=(n_seg, n_heads, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream,
         use_pdl=True)
 
@@ -402,6 +455,6 @@ def k2_ext(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: cute.
                cute.make_tensor(final_slot, cute.make_layout(n_seq)), n_heads, cap,
                state_index.toint(), slot_stride, n_pool, checkpoints.toint(), checkpoint_every,
                cute.make_tensor(real_seq_start, cute.make_layout(n_real + 1)), n_real,
-               True, True, state_fp32, value_block, final_fp32, segments, True).launch(
+               True, True, state_fp32, value_block, final_fp32, segments, True, False, 0).launch(
         grid=(n_seq, n_heads, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream,
         use_pdl=True)

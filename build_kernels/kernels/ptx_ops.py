@@ -372,6 +372,11 @@ def ldg_b32(addr: Int64, *, loc=None, ip=None) -> Int32:
 
 
 @dsl_user_op
+def ldg_f32(addr: Int64, *, loc=None, ip=None) -> Float32:
+    return Float32(_asm([T.f32()], [_ir(addr, Int64, loc, ip)], "ld.global.f32 $0, [$1];", "=f,l", True, loc, ip))
+
+
+@dsl_user_op
 def ldg_v4_f32(gaddr: Int64, *, loc=None, ip=None):
     r = _asm([T.f32()] * 4, [_ir(gaddr, Int64, loc, ip)], "ld.global.nc.v4.f32 {$0, $1, $2, $3}, [$4];",
              "=f,=f,=f,=f,l", True, loc, ip)

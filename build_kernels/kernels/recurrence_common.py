@@ -126,3 +126,73 @@ def state_words_step(w0, w1, gam0, gam1, ds):
     s2, s3 = unpack_bf16x2(w1)
     return (pack_bf16x2(fma_rn(s0, gam0, ds[0]), fma_rn(s1, gam0, ds[1])),
             pack_bf16x2(fma_rn(s2, gam1, ds[2]), fma_rn(s3, gam1, ds[3])))
+
+
+# ------------------------------------------------------------------------------------------------
+# numerics="accurate" (docs/numerics.md): the same tile step with fp32 kept where FlashKDA rounds to
+# bf16 and the rounding costs accuracy. MMA operands stay bf16; an fp32 operand x enters an MMA as
+# two bf16 operands, hi = bf(x) and lo = bf(x - hi) (about 16 significant bits), accumulated into
+# one fp32 accumulator.
+
+
+def bf16_b_fragment(c):
+    """An fp32 C fragment rounded once to bf16, as the B fragment of the next MMA (movmatrix'd)."""
+    return movmatrix_t(pack_bf16x2(c[0], c[1])), movmatrix_t(pack_bf16x2(c[2], c[3]))
+
+
+def split_b_fragment(c):
+    """An fp32 C fragment (rows g, g + 8; columns 2q, 2q + 1) as two bf16 B fragments (hi, lo)
+    of the next MMA, movmatrix'd as solve_u_fragment does: x = hi + lo to about 2^-17 relative."""
+    h0, h1 = round_bf16x2(c[0], c[1])
+    h2, h3 = round_bf16x2(c[2], c[3])
+    hi = (movmatrix_t(pack_bf16x2(h0, h1)), movmatrix_t(pack_bf16x2(h2, h3)))
+    lo = (movmatrix_t(pack_bf16x2(sub_rn(c[0], h0), sub_rn(c[1], h1))),
+          movmatrix_t(pack_bf16x2(sub_rn(c[2], h2), sub_rn(c[3], h3))))
+    return hi, lo
+
+
+def mma_split(a, b_pair, zero):
+    """acc32(A (hi + lo)) from zero: the hi product first, then lo accumulated into it (lo None: hi alone)."""
+    hi, lo = b_pair
+    d = mma_bf16_16816(a, hi, (zero, zero, zero, zero))
+    return d if lo is None else mma_bf16_16816(a, lo, d)
+
+
+# `level` selects a partial recipe for the ablation kernels that measure what each step costs and
+# buys (registry's k2_ablation, docs/numerics.md); 0 is numerics="accurate":
+#   1  A1 only: FlashKDA's Q2-Q4 (u, v - u, r, U and the output rounded as in docs/algorithm.md §2.4)
+#   2  A1 + A2 + A5: u unrounded, r and U rounded once to bf16, one output rounding
+#   3  A1-A5 but Q5, which takes U's bf16 half only
+def mma_state_update(a, b_pair, zero, level: int = 0):
+    """Q5's acc32(Kr^T U) of numerics="accurate": U as hi + lo (its bf16 half alone at level 3)."""
+    if level == 3:
+        return mma_bf16_16816(a, b_pair[0], (zero, zero, zero, zero))
+    return mma_split(a, b_pair, zero)
+
+
+def solve_u_fragment_accurate(acc, v_words, bs0, bs1, a_inv, zero, level: int = 0):
+    """Q2 + Q3 of numerics="accurate": r = (v - u) * bsig in fp32 from the unrounded u (FlashKDA
+    rounds u and v - u to bf16), U = acc32(INV (r_hi + r_lo)); returns U split as (hi, lo) B
+    fragments for Q4 and Q5. v_words as in solve_u_fragment (None: v = 0, the M-chain)."""
+    if level == 1:
+        return solve_u_fragment(acc, v_words, bs0, bs1, a_inv, zero), None
+    if v_words is None:
+        v0 = v1 = v2 = v3 = zero
+    else:
+        vw0, vw1 = v_words()
+        v0, v1 = unpack_bf16x2(vw0)
+        v2, v3 = unpack_bf16x2(vw1)
+    r = (mul_rn(sub_rn(v0, acc[0]), bs0), mul_rn(sub_rn(v1, acc[1]), bs0),
+         mul_rn(sub_rn(v2, acc[2]), bs1), mul_rn(sub_rn(v3, acc[3]), bs1))
+    if level == 2:
+        return bf16_b_fragment(mma_bf16_16816(a_inv, bf16_b_fragment(r), (zero, zero, zero, zero))), None
+    return split_b_fragment(mma_split(a_inv, split_b_fragment(r), zero))
+
+
+def state_f32_step(st, e: int, gam0, gam1, ds):
+    """Q5 of numerics="accurate" on one lane's four fp32 master-state values st[e .. e + 3] (rows g,
+    g + 8 of an m-block): fma(S, gamma, ds) with no bf16 rounding. Returns the bf16 words of the new
+    values (rows g and g + 8), the copy Q1 reads as its MMA operand."""
+    for c in range(4):
+        st[e + c] = fma_rn(st[e + c], gam0 if c < 2 else gam1, ds[c])
+    return pack_bf16x2(st[e], st[e + 1]), pack_bf16x2(st[e + 2], st[e + 3])

@@ -1,0 +1,212 @@
+"""numerics="flashkda" | "accurate" on the GPU: error against float64 beside FLA's chunk_kda, and time.
+
+    python3 ci/numerics_table.py [--out DIR] [--lengths 2048 8192 32768] [--no-fla] [--iters 30]
+
+Writes DIR/numerics_table.md (and .json) as it goes, so a run cut short keeps what it measured:
+1. time per call of both modes (kernels mode of kda_aot.bench: given outputs, host lengths,
+   cp="auto", median of CUDA events) on the benchmark shapes;
+2. relative RMSE of output and final state against reference.gold_prefill (float64, per token, on
+   the GPU) for H=2, one sequence of each length, fp32 initial state, per input class (short
+   memory, long memory g ~ N(-8, 1), weak decay lower_bound=-0.05), serial and cp="on", both
+   modes; then FLA 0.6.0 chunk_kda (fp32 state, FlashKDA's flags) on the same inputs, when
+   importable (Triton autotunes on its first call: it runs last);
+3. what each step of the accurate recipe costs and buys: the ablation kernels (registry's
+   k2_ablation: levels 1-3 of recurrence_common.py) timed on H=64 [8192] and measured on the
+   long-memory and weak-decay inputs at T=8192 (bf16 initial state, value split 2: the variant
+   they exist for), beside both modes.
+docs/numerics.md and the README's accuracy table hold the figures of the last run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+CLASSES = {"short memory": (0.0, -5.0), "long memory": (-8.0, -5.0), "weak decay": (0.0, -0.05)}
+TIMING = [(64, [8192]), (4, [8192]), (64, [1024] * 8), (4, [16384])]
+MODES = ("flashkda", "accurate")
+
+
+class Report:
+    def __init__(self, out_dir: str):
+        self.md_path = os.path.join(out_dir, "numerics_table.md")
+        self.json_path = os.path.join(out_dir, "numerics_table.json")
+        self.timing, self.accuracy, self.ablation = [], [], []
+
+    def write(self):
+        lines = ["## time per call (ms, median of CUDA events; bf16 states unless fp32 is named)", "",
+                 "| H | sequences | plan | flashkda | accurate | accurate / flashkda | accurate, fp32 states |",
+                 "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['H']} | {r['shape']} | {r['plan']} | {r['flashkda']:.3f} | {r['accurate']:.3f} | "
+                  f"{r['accurate'] / r['flashkda']:.3f} | {r['accurate_fp32']:.3f} |" for r in self.timing]
+        lines += ["", "## relative RMSE against float64, output / final state (H=2, one sequence, fp32 h0)", "",
+                  "| input class | T | flashkda serial | flashkda cp=on | accurate serial | accurate cp=on | FLA chunk_kda |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in self.accuracy:
+            cells = [_pair(r.get(k)) for k in ("flashkda/off", "flashkda/on", "accurate/off", "accurate/on", "fla")]
+            lines.append(f"| {r['class']} | {r['T']} | " + " | ".join(cells) + " |")
+        if self.ablation:
+            lines += ["", "## each step of the accurate recipe (K2 of H=64 [8192], bf16 states; error: H=2 [8192], "
+                      "bf16 h0, serial)", "",
+                      "| recipe | H=64 [8192] ms | long memory o / ht | weak decay o / ht |", "|---|---|---|---|"]
+            lines += [f"| {r['recipe']} | {r['ms']:.3f} | {_pair(r.get('long memory'))} | {_pair(r.get('weak decay'))} |"
+                      for r in self.ablation]
+        text = "\n".join(lines) + "\n"
+        with open(self.md_path, "w") as f:
+            f.write(text)
+        with open(self.json_path, "w") as f:
+            json.dump({"timing": self.timing, "accuracy": self.accuracy, "ablation": self.ablation}, f, indent=1)
+        return text
+
+
+def _pair(p) -> str:
+    return "-" if p is None else f"{p[0]:.2e} / {p[1]:.2e}"
+
+
+def timing(report: Report, iters: int, warmup: int) -> None:
+    import torch
+
+    import kda_aot
+    from kda_aot import bench
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for H, lens in TIMING:
+        x, cu, out, final = bench.make_case(H, lens)
+        h0_32, final_32 = x["initial_state"].float(), final.float()
+
+        def call(numerics, h0=x["initial_state"], fs=final):
+            return kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+                                   initial_state=h0, output_final_state=True, cu_seqlens=cu, seq_lens=lens, out=out,
+                                   final_state=fs, numerics=numerics)
+        row = {"H": H, "shape": bench.shape_key(lens)}
+        plan = kda_aot.plan_prefill(lens, H, sm_count=sms)
+        row["plan"] = "serial" if plan.trivial else f"CP {plan.n_segments} segments"
+        for mode in MODES:
+            row[mode] = bench.time_ms(lambda: call(mode), iters, warmup)
+        row["accurate_fp32"] = bench.time_ms(lambda: call("accurate", h0_32, final_32), iters, warmup)
+        report.timing.append(row)
+        report.write()
+        print(row, flush=True)
+        x = cu = out = final = h0_32 = final_32 = None  # free this shape before the next
+        torch.cuda.empty_cache()
+
+
+RECIPES = [("flashkda", "flashkda", None), ("A1: fp32 state", "accurate", 1),
+           ("A1 + A2 + A5: u unrounded, one output rounding", "accurate", 2),
+           ("A1-A5 but Q5 takes bf16 U", "accurate", 3), ("accurate (A1-A5)", "accurate", None)]
+
+
+def ablation(report: Report, iters: int, warmup: int) -> None:
+    import kda_aot
+    from kda_aot import bench, planner, reference
+
+    plan_serial = planner.plan_serial
+    level = {"value": None}
+
+    def with_level(**kw):  # the runtime asks for ablation=0 (the full recipe); levels 1-3 are measurement-only
+        plan = plan_serial(**kw)
+        if level["value"] is None:
+            return plan
+        return dataclasses.replace(plan, k2_constants=dict(plan.k2_constants, ablation=level["value"]))
+
+    planner.plan_serial = with_level
+    x, cu, out, final = bench.make_case(64, [8192])
+    inputs = {}
+    for cls in ("long memory", "weak decay"):
+        g_mean, lb = CLASSES[cls]
+        y = reference.make_inputs([8192], 2, seed=7, device="cuda", state="bf16", g_mean=g_mean, lower_bound=lb)
+        inputs[cls] = (y, reference.gold_prefill(**y))
+    try:
+        for recipe, mode, lvl in RECIPES:
+            level["value"] = lvl
+            kda_aot.empty_cache()  # plans are cached by shape, not by the patched constant
+            row = {"recipe": recipe, "ms": bench.time_ms(lambda: kda_aot.prefill(
+                x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+                initial_state=x["initial_state"], output_final_state=True, cu_seqlens=cu, seq_lens=[8192], out=out,
+                final_state=final, numerics=mode, cp="off", value_split=2), iters, warmup)}
+            for cls, (y, gold) in inputs.items():
+                o, s = kda_aot.prefill(y["q"], y["k"], y["v"], y["g"], y["beta"], A_log=y["A_log"],
+                                       dt_bias=y["dt_bias"], lower_bound=y["lower_bound"],
+                                       initial_state=y["initial_state"], output_final_state=True,
+                                       cu_seqlens=y["cu_seqlens"], cp="off", value_split=2, numerics=mode)
+                row[cls] = (reference.rel_rmse(o, gold[0]), reference.rel_rmse(s, gold[1]))
+            report.ablation.append(row)
+            report.write()
+            print(row, flush=True)
+    finally:
+        planner.plan_serial = plan_serial
+        kda_aot.empty_cache()
+
+
+def accuracy(report: Report, lengths, fla: bool) -> None:
+    import torch
+
+    import kda_aot
+    from kda_aot import reference
+
+    cases = []
+    for cls, (g_mean, lb) in CLASSES.items():
+        for T in lengths:
+            x = reference.make_inputs([T], 2, seed=7, device="cuda", state="fp32", g_mean=g_mean, lower_bound=lb)
+            t0 = time.perf_counter()
+            gold = reference.gold_prefill(**x)
+            torch.cuda.synchronize()
+            row = {"class": cls, "T": T, "gold_s": time.perf_counter() - t0}
+            for mode in MODES:
+                for cp in ("off", "on"):
+                    o, s = kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"],
+                                           dt_bias=x["dt_bias"], lower_bound=lb, initial_state=x["initial_state"],
+                                           output_final_state=True, cu_seqlens=x["cu_seqlens"], seq_lens=[T], cp=cp,
+                                           numerics=mode)
+                    row[f"{mode}/{cp}"] = (reference.rel_rmse(o, gold[0]), reference.rel_rmse(s, gold[1]))
+            report.accuracy.append(row)
+            cases.append((row, x, gold))
+            report.write()
+            print(row, flush=True)
+    if not fla:
+        return
+    try:
+        from fla.ops.kda import chunk_kda
+    except Exception as exc:
+        print(f"FLA not importable: {exc}", flush=True)
+        return
+    for row, x, gold in cases:
+        t0 = time.perf_counter()
+        o, s = chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
+                         output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                         use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=x["lower_bound"],
+                         state_v_first=True, cu_seqlens=x["cu_seqlens"].long(), A_log=x["A_log"],
+                         dt_bias=x["dt_bias"].reshape(-1))
+        torch.cuda.synchronize()
+        row["fla"] = (reference.rel_rmse(o, gold[0]), reference.rel_rmse(s, gold[1]))
+        report.write()
+        print(row["class"], row["T"], "FLA", row["fla"], f"({time.perf_counter() - t0:.1f} s)", flush=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--lengths", type=int, nargs="*", default=[2048, 8192, 32768])
+    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--no-fla", action="store_true")
+    parser.add_argument("--skip-timing", action="store_true")
+    parser.add_argument("--skip-ablation", action="store_true")
+    args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    report = Report(args.out)
+    if not args.skip_timing:
+        timing(report, args.iters, args.warmup)
+    if not args.skip_ablation:
+        ablation(report, args.iters, args.warmup)
+    accuracy(report, args.lengths, not args.no_fla)
+    print(report.write())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
