@@ -199,10 +199,11 @@ def _local_prefill(*args, **kwargs):
     return kda_aot.prefill(*args, **kwargs)
 
 
-def slice_transfer(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0,
-                   scale: Optional[float] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+def slice_transfer(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0, scale: Optional[float] = None,
+                   segments: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Step 2: (M, B) of the slice as the middle of one sequence, fp32 [H, 128, 128] each:
-    S_end = S_start M + B. The slice is cut into segments pre-scanned at once, then folded."""
+    S_end = S_start M + B. The slice is cut into segments pre-scanned at once (dist_plan.
+    transfer_segments; `segments` forces about that many, for tests), then folded."""
     from . import streams
     from .loader import get_library
     from .transfer import transfer_program
@@ -213,7 +214,10 @@ def slice_transfer(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.
     dev = q.get_device()
     lib = get_library()
     sms = streams.sm_count(dev)
-    n_seg, per = transfer_segments(T, H, sms)
+    if segments is None:
+        n_seg, per = transfer_segments(T, H, sms)
+    else:
+        n_seg, per = transfer_segments(T, 1, segments, min_tiles=1)
     prog = transfer_program(lib, dev, H, T, n_seg, D ** -0.5 if scale is None else float(scale), float(lower_bound),
                             sms)
     table = _host_ints(segment_starts(T, per, n_seg) + tuple(range(n_seg)), q.device)
@@ -246,7 +250,8 @@ def _global_lengths(seq_lens, cu_seqlens) -> Tuple[int, ...]:
 
 def prefill(q, k, v, g, beta, *, A_log, dt_bias, token_offset: int, seq_lens: Optional[Sequence[int]] = None,
             cu_seqlens=None, group=None, lower_bound: float = -5.0, scale: Optional[float] = None,
-            initial_state=None, output_final_state: bool = False, cp: Union[str, int] = "auto") -> DistributedPrefill:
+            initial_state=None, output_final_state: bool = False, cp: Union[str, int] = "auto",
+            out=None) -> DistributedPrefill:
     """KDA prefill of one packed batch (B = 1) whose tokens are split over the ranks of `group`.
 
     Every rank passes its slice q, k, v, g [1, T_local, H, 128] and beta [1, T_local, H] (torch,
@@ -255,7 +260,7 @@ def prefill(q, k, v, g, beta, *, A_log, dt_bias, token_offset: int, seq_lens: Op
     lengths: `seq_lens` (host ints, no synchronisation) or the global `cu_seqlens` (read back once:
     a synchronisation). A_log, dt_bias and `initial_state` ([N, H, 128, 128] bf16 or fp32, N the
     global sequence count) are the whole batch's, on every rank. `cp` is kda_aot.prefill's, for the
-    local work. Returns DistributedPrefill(o, final_state, final_seqs, work): final_state holds the
+    local work. `out` ([1, T_local, H, 128] bf16) is written in place when given. Returns DistributedPrefill(o, final_state, final_seqs, work): final_state holds the
     final states of the sequences that end on this rank (ids final_seqs), in the initial state's
     dtype (fp32 without one), when output_final_state; else None.
     """
@@ -274,7 +279,9 @@ def prefill(q, k, v, g, beta, *, A_log, dt_bias, token_offset: int, seq_lens: Op
     state_dtype = initial_state.dtype if initial_state is not None else torch.float32
     common = dict(A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, scale=scale, cp=cp)
     h = work.head_len
-    o = q.new_empty((1, T, H, D))
+    if out is not None and (not isinstance(out, torch.Tensor) or tuple(out.shape) != (1, T, H, D)):
+        raise ValueError(f"out: expected [1, {T}, {H}, {D}] like q, got {tuple(getattr(out, 'shape', ()))}")
+    o = q.new_empty((1, T, H, D)) if out is None else out
 
     # 1. the sequences that begin here, from their own initial states
     n_rest = len(work.rest_lens)

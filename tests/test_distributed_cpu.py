@@ -102,6 +102,49 @@ def test_transfer_segments():
 
 
 # ---------------------------------------------------------------------------------------------
+# the transfer program (the real manifest, launches recorded: tests/recording.py)
+
+@pytest.mark.parametrize("T,H,S", [(10000, 8, 5), (100, 64, 1), (4000, 2, 7)])
+def test_transfer_program_wires_k1_and_pre_scan_over_every_segment(monkeypatch, T, H, S):
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from recording import Recorder
+
+    from kda_aot import planner
+    from kda_aot.program import pack_inputs
+    from kda_aot.transfer import transfer_program
+
+    rec = Recorder(monkeypatch)
+    transfer_program.cache_clear()
+    tp = transfer_program(rec.lib, 0, H, T, S, 128 ** -0.5, -5.0, 132)
+    ptrs = dict(q=1 << 40, k=2 << 40, v=3 << 40, g=4 << 40, beta=5 << 40, A_log=6 << 40, dt_bias=7 << 40,
+                cu_seqlens=8 << 40, out=9 << 40, workspace=10 << 40)
+    order = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens", "out", "final_state",
+             "workspace")
+    tp.program.run(pack_inputs([ptrs.get(n, 0) for n in order] + [77]))
+    tables, k1, scan = rec.last
+    assert (tables.name, k1.name) == ("seq_tables_int32", "k1_prepare")
+    assert scan.name == f"cp_pre_scan_vb{128 // planner.value_split(S, H, 132)}"
+    assert tables.args["cu_seqlens"] == ptrs["cu_seqlens"] and tables.args["n_seq"] == S
+    assert tables.args["t_total"] == k1.args["t_total"] == T
+    for name in ("seq_start", "tile_prefix"):
+        assert tables.args[name] == k1.args[name] == scan.args[name]
+    assert k1.args["cap"] == scan.args["cap"] == -(-T // 16) + S and k1.args["n_seq"] == S
+    for name in ("kd", "kr", "gt", "inv", "bsig"):
+        assert k1.args[f"ws_{name}"] == scan.args[f"ws_{name}"]
+    ws_args = [v for n, v in k1.args.items() if n.startswith("ws_") or n in ("seq_start", "tile_prefix")]
+    assert all(ptrs["workspace"] <= a < ptrs["workspace"] + tp.workspace_bytes for a in ws_args)
+    # every segment is scanned: scan_seg follows the S + 1 segment starts in the table buffer
+    assert scan.args["scan_seg"] == ptrs["cu_seqlens"] + 4 * (S + 1) and tp.table_ints == 2 * S + 1
+    assert scan.args["n_scan"] == S and scan.args["n_heads"] == H
+    assert scan.args["b_seg"] == ptrs["out"] and scan.args["m_seg"] == ptrs["out"] + 4 * S * H * 128 * 128
+    assert tp.out_floats == 2 * S * H * 128 * 128
+    assert all(launch.args["stream"] == 77 for launch in rec.last)
+
+
+# ---------------------------------------------------------------------------------------------
 # the exchange and the carry algebra (torch on the CPU)
 
 torch = pytest.importorskip("torch")
