@@ -81,8 +81,11 @@ def _group(group) -> _Group:
             gather_fn(out, inp, group=group)
         else:
             # gloo: exchange host copies (the copy waits for the stream: a synchronisation)
-            host_out = torch.empty(out.shape, dtype=out.dtype)
-            gather_fn(host_out, inp.cpu(), group=group)
+            host_out, host_in = torch.empty(out.shape, dtype=out.dtype), inp.cpu()
+            try:
+                gather_fn(host_out, host_in, group=group)
+            except (RuntimeError, NotImplementedError):  # a gloo without all_gather_into_tensor
+                dist.all_gather(list(host_out.chunk(dist.get_world_size(group))), host_in, group=group)
             out.copy_(host_out)
 
     return _Group(dist.get_rank(group), dist.get_world_size(group), gather)

@@ -26,7 +26,7 @@ def main(rank: int, world: int, init_file: str, cases_file: str, out_dir: str) -
 
     torch.cuda.set_device(0)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
+                            timeout=datetime.timedelta(seconds=60))
     cases = torch.load(cases_file)
     for name, case in cases.items():
         if case["world"] != world:
