@@ -13,7 +13,8 @@ sequences, the middle one spanning the two-rank boundary) and state (none, bf16,
     (reference.gold_prefill on rank 0's GPU; --no-gold skips it) as serial is: the CP bound of
     tests/test_cp_long_memory_gpu.py, 1.1 x serial's relative RMSE + 2e-4. Inputs keep state over
     thousands of tokens (g ~ N(-8, 1)), so a wrong carry shows;
-  timings (fp32 states; median of --iters, CUDA events, ms): one GPU cp="auto" (whole batch on rank
+  the distributed calls of the check run every local piece with cp="off";
+  timings (fp32 states, cp="auto"; median of --iters, CUDA events, ms): one GPU (whole batch on rank
     0), the distributed call (slowest rank per iteration), the exchange alone, and the one-GPU pieces
     the cost model of docs/distributed.md adds up (a slice's serial prefill, its transfer), with
     the model's prediction.
@@ -145,7 +146,7 @@ def main():
                 part = {n: x[n][:, off:off + t_loc].contiguous() for n in ("q", "k", "v", "g", "beta")}
                 kw = dict(A_log=x["A_log"], dt_bias=x["dt_bias"], initial_state=x["initial_state"],
                           output_final_state=True, token_offset=off, seq_lens=lens)
-                res = kd.prefill(**part, **kw)
+                res = kd.prefill(**part, **kw, cp="off")  # serial locally: rank 0 is then serial's bits
                 # gather the outputs and the final states (padded to N rows, with their ids) to every rank
                 N = len(lens)
                 fs = torch.zeros(N, H, 128, 128, dtype=torch.float32, device=device)
@@ -200,8 +201,8 @@ def main():
                     continue
                 # timings, fp32 states
                 r = dict(H=H, shape=shape, lens=lens, world=world, backend=args.backend)
-                r["distributed_ms"] = _median_ms(lambda: kd.prefill(**part, **kw), args.iters, args.warmup, world,
-                                                 args.backend, device)
+                r["distributed_ms"] = _median_ms(lambda: kd.prefill(**part, **kw, cp="auto"), args.iters,
+                                                 args.warmup, world, args.backend, device)
                 payload = torch.randn(kd.payload_floats(H), device=device)
                 r["exchange_ms"] = _median_ms(lambda: kd.exchange(payload), args.iters, args.warmup, world,
                                               args.backend, device)
@@ -214,9 +215,11 @@ def main():
                         args.iters, args.warmup)
                     sl = {n: x[n][:, :t_loc].contiguous() for n in ("q", "k", "v", "g", "beta")}
                     s0 = torch.zeros(1, H, 128, 128, device=device)
-                    r["slice_serial_ms"] = _median_local(
+                    cu1 = torch.tensor([0, t_loc], dtype=torch.int32, device=device)
+                    r["slice_serial_ms"] = _median_local(  # what a head piece costs: one sequence from a state
                         lambda: kda_aot.prefill(**sl, A_log=x["A_log"], dt_bias=x["dt_bias"], initial_state=s0,
-                                                output_final_state=True, cp="auto"), args.iters, args.warmup)
+                                                output_final_state=True, cu_seqlens=cu1, seq_lens=[t_loc], cp="auto"),
+                        args.iters, args.warmup)
                     r["slice_transfer_ms"] = _median_local(
                         lambda: kd.slice_transfer(**sl, A_log=x["A_log"], dt_bias=x["dt_bias"]), args.iters,
                         args.warmup)

@@ -212,7 +212,8 @@ def slice_transfer(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.
     from .transfer import transfer_program
 
     # the validation wall of a prefill on the same tensors (names the bad argument)
-    kda_aot.workspace_size(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, scale=scale)
+    kda_aot.workspace_size(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, scale=scale,
+                           cp="off")
     T, H = q.shape[1], q.shape[2]
     dev = q.get_device()
     lib = get_library()
@@ -318,7 +319,9 @@ def prefill(q, k, v, g, beta, *, A_log, dt_bias, token_offset: int, seq_lens: Op
     if work.has_head:
         entry = entry_state(gathered, grp.rank, H)[None]
         want_final = output_final_state and work.head_ends
+        # one packed sequence (not dense [1, h]): the same kernels, with the varlen CP tables
         _, fs = _local_prefill(q[:, :h], k[:, :h], v[:, :h], g[:, :h], beta[:, :h], **common, initial_state=entry,
+                                cu_seqlens=_host_ints((0, h), q.device), seq_lens=(h,),
                                 output_final_state=want_final, out=o[:, :h])
         if want_final:
             finals[0].copy_(fs[0])  # fp32 holding a bf16 state (docs/algorithm.md §3.4): exact in bf16 too

@@ -145,7 +145,7 @@ def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count:
     if problem.varlen:
         prog.add(f"cp_seg_tables_{problem.cu_dtype}", dict(tables, cu_seqlens=Ref("cu_seqlens"), t_total=t_total))
     else:
-        prog.add("cp_seg_tables_dense", dict(tables, seq_len=problem.T))
+        prog.add("cp_seg_tables_dense", dict(tables, t_total=problem.T))  # T per sequence (dense [B, T])
     _k1(prog, problem, off, S, cap)
     seg_tables = dict(seq_start=ws(off["seq_start"]), tile_prefix=ws(off["tile_prefix"]))
     n_scan = S - N  # a bound on the non-last segments; scan_seg marks the unused entries -1
