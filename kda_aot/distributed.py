@@ -264,7 +264,8 @@ def prefill(q, k, v, g, beta, *, A_log, dt_bias, token_offset: int, seq_lens: Op
     lengths: `seq_lens` (host ints, no synchronisation) or the global `cu_seqlens` (read back once:
     a synchronisation). A_log, dt_bias and `initial_state` ([N, H, 128, 128] bf16 or fp32, N the
     global sequence count) are the whole batch's, on every rank. `cp` is kda_aot.prefill's, for the
-    local work. `out` ([1, T_local, H, 128] bf16) is written in place when given. Returns DistributedPrefill(o, final_state, final_seqs, work): final_state holds the
+    local work. `out` ([1, T_local, H, 128] bf16) is written in place when given. Returns
+    DistributedPrefill(o, final_state, final_seqs, work): final_state holds the
     final states of the sequences that end on this rank (ids final_seqs), in the initial state's
     dtype (fp32 without one), when output_final_state; else None.
     """
