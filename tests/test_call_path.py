@@ -242,3 +242,13 @@ def test_a_non_hopper_device_is_refused_before_launch(rec, monkeypatch):
     with pytest.raises(KdaError, match=r"^q: on cuda:0, a GPU of compute capability 8\.0; .*sm_90a"):
         call(x, workspace=device_buffer("workspace", (1 << 20,), "uint8"))
     assert not rec.calls
+
+
+def test_dense_cp_builds_its_tables_from_the_shape(rec):
+    """Dense [1, 8192] at H=8 plans CP: cp_seg_tables_dense gets n_seq = B and t_total = T per
+    sequence (its registry arguments; a wrong name made every dense CP call raise TypeError)."""
+    x = problem_args(T=8192, H=8, state="float32")
+    call(x, workspace=_ws(x))
+    names = _names(rec.last)
+    assert names[0] == "cp_seg_tables_dense" and "cp_pre_scan_vb128" in names, names
+    assert rec.last[0].args["t_total"] == 8192 and rec.last[0].args["n_seq"] == 1
