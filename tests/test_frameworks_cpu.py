@@ -98,14 +98,19 @@ def test_ready_is_asked_for_device_exports_with_a_stream_only():
 # ---------------------------------------------------------------------------------------------
 # JAX (on the CPU here; tests/test_frameworks_gpu.py runs it on the device)
 
-def _jax_inputs(jnp, T=32, H=2):
+def _jax_inputs(jax, T=32, H=2):
+    """Arrays on JAX's CPU device (also where JAX sees a GPU)."""
+    jnp, cpu = jax.numpy, jax.devices("cpu")[0]
     rng = np.random.default_rng(0)
 
+    def put(a, dtype):
+        return jax.device_put(jnp.asarray(a, dtype=dtype), cpu)
+
     def bf(*shape):
-        return jnp.asarray(rng.standard_normal(shape, dtype=np.float32), dtype=jnp.bfloat16)
+        return put(rng.standard_normal(shape, dtype=np.float32), jnp.bfloat16)
 
     return dict(q=bf(1, T, H, 128), k=bf(1, T, H, 128), v=bf(1, T, H, 128), g=bf(1, T, H, 128), beta=bf(1, T, H),
-                A_log=jnp.ones((H,), jnp.float32), dt_bias=jnp.ones((H, 128), jnp.float32))
+                A_log=put(np.ones(H), jnp.float32), dt_bias=put(np.ones((H, 128)), jnp.float32))
 
 
 def _call(x, **kw):
@@ -114,7 +119,7 @@ def _call(x, **kw):
 
 def test_jax_tracer_is_refused_naming_it():
     jax = pytest.importorskip("jax")
-    x = _jax_inputs(jax.numpy)
+    x = _jax_inputs(jax)
 
     def traced(q):
         return _call({**x, "q": q})[0]
@@ -132,14 +137,14 @@ def test_jax_tracer_is_refused_naming_it():
 @pytest.mark.parametrize("name", ["out", "final_state", "workspace"])
 def test_jax_array_as_output_is_refused_naming_it(name):
     jax = pytest.importorskip("jax")
-    x = _jax_inputs(jax.numpy)
-    buf = jax.numpy.zeros((1, 32, 2, 128), jax.numpy.bfloat16)
+    x = _jax_inputs(jax)
+    buf = jax.device_put(jax.numpy.zeros((1, 32, 2, 128), jax.numpy.bfloat16), jax.devices("cpu")[0])
     with pytest.raises(TypeError, match=rf"^{name}: a JAX array is immutable"):
         _call(x, output_final_state=True, **{name: buf})
 
 
 def test_jax_cpu_arrays_are_refused_naming_q():
     jax = pytest.importorskip("jax")
-    x = _jax_inputs(jax.numpy)
+    x = _jax_inputs(jax)
     with pytest.raises(TypeError, match=r"^q: "):
         _call(x)
