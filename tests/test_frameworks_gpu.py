@@ -189,7 +189,11 @@ def test_jax_in_jax_out_equals_the_torch_path(jax, launches):
         assert isinstance(o, jax.Array) and isinstance(s, jax.Array)
         assert o.dtype == jax.numpy.bfloat16 and s.dtype == jax.numpy.float32
         device = next(iter(x["q"].devices()))
-        assert launches[-1] == device.get_stream_for_external_ready_events()
+        try:
+            expected = int(device.get_stream_for_external_ready_events())
+        except Exception:  # noqa: BLE001 - a backend without one: the legacy default stream
+            expected = 0
+        assert launches[-1] == expected
         # A JAX computation on the outputs is ordered after the kernels (DLPack import on JAX's stream).
         total = float(jax.jit(lambda a: a.astype(jax.numpy.float32).sum())(o))
         want = want_o.astype(np.float64)
