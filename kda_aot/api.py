@@ -360,7 +360,11 @@ def workspace_size(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_
     `stream`, `workspace` and `validate` are accepted so that prefill's own keyword arguments can be
     passed unchanged; they do not change the size."""
     tensors = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state, None)
-    descs = _describe_all(tensors)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(q, torch.Tensor):
+        descs = _describe_all(tensors)
+    else:  # DLPack reads need a consumer stream (JAX refuses -1)
+        descs = _describe_all(tensors, frameworks.consumer_stream(_intake_stream(q, stream)))
     hint = _hint_key(seq_lens, cu_seqlens_cpu)
     return _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split).workspace_bytes
 

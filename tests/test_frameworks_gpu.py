@@ -259,3 +259,18 @@ def test_jax_under_jit_is_refused_naming_the_traced_argument(jax):
 
     with pytest.raises(TypeError, match=r"^q: a JAX tracer"):
         jax.jit(f)(x["q"])
+
+
+def test_jax_workspace_size_reads_jax_arrays(jax):
+    import kda_aot
+
+    host, lb, _, _ = _torch_case(11)
+    x = _jax_inputs(jax, host)
+
+    def size(a):
+        return kda_aot.workspace_size(a["q"], a["k"], a["v"], a["g"], a["beta"], A_log=a["A_log"],
+                                      dt_bias=a["dt_bias"], lower_bound=lb, initial_state=a["initial_state"],
+                                      output_final_state=True, cu_seqlens=a["cu_seqlens"])
+
+    views = {k: torch.from_dlpack(v) for k, v in x.items()}  # the same memory, read by torch
+    assert size(x) == size(views) > 0
