@@ -4,9 +4,9 @@ The framework is q's, read from the module of its type; nothing is imported that
 imported already (a CuPy caller has imported cupy, a JAX caller jax). docs/frameworks.md has the
 design; in short:
 
-* Stream: `stream=` when given; else CuPy's current stream for CuPy callers, JAX's stream for
-  external ready events (the stream JAX itself waits on before using memory it did not write) for
-  JAX callers, the legacy default stream for anyone else.
+* Stream: `stream=` when given; else CuPy's current stream for CuPy callers, one of JAX's streams
+  for external ready events (streams JAX keeps for work it did not issue; taken once per device)
+  for JAX callers, the legacy default stream for anyone else.
 * Intake: every device argument is read through DLPack with that stream as the consumer stream, so
   the producer orders its pending writes before our kernels (an event wait on the device when the
   streams differ; nothing when they are the same). The DLPack protocol's stream numbers: 1 is the
@@ -74,12 +74,20 @@ def default_stream(q: Any, device_id: int) -> Optional[int]:
     if kind == CUPY:
         return int(sys.modules["cupy"].cuda.get_current_stream(device_id).ptr)
     if kind == JAX:
-        try:
-            device = next(iter(q.devices()))
-            return int(device.get_stream_for_external_ready_events())
-        except Exception:  # noqa: BLE001 - a backend without one (UNIMPLEMENTED): legacy default
-            return 0
+        handle = _JAX_STREAMS.get(device_id)
+        if handle is None:
+            # JAX hands these out from a pool, round robin: take one per device, once, so that
+            # every JAX call on a device is queued on the same stream, in call order.
+            try:
+                handle = int(next(iter(q.devices())).get_stream_for_external_ready_events())
+            except Exception:  # noqa: BLE001 - a backend without one (UNIMPLEMENTED): legacy default
+                handle = 0
+            _JAX_STREAMS[device_id] = handle
+        return handle
     return None
+
+
+_JAX_STREAMS: dict = {}  # device ordinal -> the stream JAX callers run on
 
 
 def consumer_stream(handle: Optional[int]) -> int:
