@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import sys
 import threading
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
@@ -74,6 +75,8 @@ _KEYS = itertools.count(1)
 
 
 def _release(key: int) -> None:
+    if sys.is_finalizing():  # a consumer tearing down at exit: the process frees everything
+        return
     with _LIVE_LOCK:
         entry = _LIVE.pop(key, None)
     if entry is not None and entry[4] is not None:
