@@ -162,7 +162,7 @@ class _DeviceOutput:
             # Called by JAX's deleter, maybe on one of its threads: no CUDA call here. The memory is
             # freed at the next poll once the kernels that wrote it are done (JAX's own uses have
             # finished when it calls the deleter).
-            pending.after(event, lambda: owner.close(_legacy_stream()))
+            pending.after(event, lambda: _free(owner, self.device_id))
 
         export = DLPackExport(self.ptr, self.shape, self.dtype, (KDL_CUDA, self.device_id), buffer,
                               on_release=on_release, ready=ready)
@@ -170,10 +170,13 @@ class _DeviceOutput:
         return jax_dlpack.from_dlpack(export)
 
 
-def _legacy_stream():
-    from cuda.core import LEGACY_DEFAULT_STREAM
+def _free(buffer, device_id: int) -> None:
+    """Free an exported output once its kernels are done and JAX let go of it: any stream will do
+    then; the legacy default stream always exists (the call's stream may not, by now)."""
+    from cuda.core import LEGACY_DEFAULT_STREAM, Device
 
-    return LEGACY_DEFAULT_STREAM
+    Device(device_id).set_current()
+    buffer.close(LEGACY_DEFAULT_STREAM)
 
 
 def _ml_bf16():

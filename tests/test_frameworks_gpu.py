@@ -115,6 +115,11 @@ def test_cupy_out_in_place_and_explicit_stream(cupy, launches):
     assert launches[-1] == side.ptr and o is out and s is fs
     side.synchronize()
     assert _same_bits(cupy.asnumpy(out), want_o) and _same_bits(cupy.asnumpy(fs), want_s)
+    # outputs allocated by CuPy on the explicit stream (not CuPy's current one)
+    o, s = _call(x, lb, stream=side)
+    assert launches[-1] == side.ptr and isinstance(o, cupy.ndarray)
+    side.synchronize()
+    assert _same_bits(cupy.asnumpy(o), want_o) and _same_bits(cupy.asnumpy(s), want_s)
 
 
 def test_cupy_arena_keeps_one_workspace_per_stream(cupy):
