@@ -9,7 +9,7 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
 source "$REPO/ci/venv.sh"
 venv_setup demo.sh
-venv_ensure_torch  # the demo's inputs and references are torch tensors
+venv_ensure_torch  # only with a GPU: the GPU checks' reference is torch's; the CPU path is NumPy
 venv_install_package .
 say "python -m kda_aot.demo $*"
 cd /tmp  # run the installed package, not the source tree

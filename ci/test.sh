@@ -4,7 +4,8 @@
 # Works in the checkout's own virtual environment .venv/ (created on first use, reused after;
 # ci/venv.sh), never in the interpreter that runs it: installs the test dependencies and the
 # package from this source tree (which compiles the kernels, about a second each, cached under
-# ~/.cache/kda-aot-build) and runs pytest against the installed copy.
+# ~/.cache/kda-aot-build) and runs pytest against the installed copy. torch only where needed
+# (a GPU, or KDA_WITH_TORCH=1): without it the torch tests skip (ci/venv.sh venv_want_torch).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"

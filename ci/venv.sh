@@ -5,7 +5,7 @@
 #
 # After venv_setup, $PY is the venv's python. REPO must be set by the caller.
 
-VENV="$REPO/.venv"
+VENV="${KDA_VENV:-$REPO/.venv}"  # KDA_VENV: another folder (.ci/run keeps a torch-free one)
 # pip's log of the last package install (full -v output); the terminal only shows the progress.
 INSTALL_LOG="$VENV/last-install.log"
 
@@ -31,12 +31,30 @@ venv_setup() {
   "$PY" -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 | _pip_noise >/dev/null || true
 }
 
-# torch is a test and demo dependency, never a runtime one (plain `import kda_aot` never imports
-# it). An importable torch in the venv (say a CUDA build the user put there) is kept; otherwise the
-# pinned CPU-compatible release is installed: on the CI machine it lies on disk (/opt/wheels), and
-# an unpinned `pip install torch` would download several GB of CUDA build on a fresh clone.
+# torch is never a runtime dependency (plain `import kda_aot` never imports it), and the CPU tests
+# and the demo's CPU path do not need it either (NumPy references): the tests that do (the torch
+# op, the torch reference, every GPU test) skip without it, saying so. venv_want_torch says whether
+# to install it: when KDA_WITH_TORCH=1 (CI runs the torch tests that way) or when an NVIDIA GPU is
+# visible (the GPU tests and the demo's GPU checks need it). An importable torch in the venv (say a
+# CUDA build the user put there) is always kept and used.
+venv_want_torch() {
+  [[ ${KDA_WITH_TORCH:-0} == 1 ]] && return 0
+  command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'
+}
+
+# The pinned CPU-compatible release: on the CI machine it lies on disk (/opt/wheels), and an
+# unpinned `pip install torch` would download several GB of CUDA build on a fresh clone.
 TORCH_PIN="torch==2.13.0"
 venv_ensure_torch() {
+  if ! venv_want_torch; then
+    if "$PY" -c "import torch" 2>/dev/null; then
+      say "torch $("$PY" -c 'import torch; print(torch.__version__)') is in the venv: the torch tests run too"
+    else
+      say "no torch in the venv and none needed here (no GPU): the tests that need torch skip, saying so;" \
+          "KDA_WITH_TORCH=1 installs $TORCH_PIN to run them"
+    fi
+    return 0
+  fi
   if "$PY" -c "import torch" 2>/dev/null; then
     say "torch $("$PY" -c 'import torch; print(torch.__version__)') is already in the venv"
   else

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import __version__, call_plan, streams
+from . import __version__, call_plan, frameworks, pending, streams
 from .abi_constants import D
 from .call_plan import CallPlan, UnsafePointers
 from .loader import CudaError, KdaError, get_library, library_dir
@@ -69,7 +69,9 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
     at least kda_aot.workspace_size(...) bytes, 256-byte aligned) are used in place when given,
     else allocated: with torch's caching allocator on the call's stream for torch tensors.
     `stream`: a CUDA stream (handle, `__cuda_stream__` object or torch stream); default: torch's
-    current stream for torch callers, else the legacy default stream. `cp`: "auto" splits long
+    current stream for torch callers, CuPy's current stream for CuPy callers, JAX's stream for
+    external ready events for JAX callers (whose outputs come back as JAX arrays,
+    docs/frameworks.md), else the legacy default stream. `cp`: "auto" splits long
     sequences when that pays, "off" never, "on" always (NotSplittableError when it cannot), an int
     forces up to that many segments per sequence (tests). `value_split` forces the K2 value-column
     split (1, 2 or 4; tests and benchmarks). `numerics`: "flashkda" (default) computes FlashKDA's
@@ -97,12 +99,14 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
                state_indices, checkpoints, checkpoint_index, workspace)
     torch = sys.modules.get("torch")
     intake = None if torch is None else _torch_intake(torch.Tensor, tensors)
+    handle = None
     if intake is not None:
         sig, ptrs = intake
         descs = None
     else:
         torch = None
-        descs = _describe_all(tensors)
+        handle = _intake_stream(q, stream)
+        descs = _describe_all(tensors, frameworks.consumer_stream(handle))
         sig = tuple(None if d is None else (d.shape, d.strides, d.dtype, d.device, d.device_id,
                                             getattr(d, "readonly", False)) for d in descs)
         ptrs = [0 if d is None else d.ptr for d in descs]
@@ -110,7 +114,7 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
     if state_indices_cpu is not None:
         _check_indices_hint(state_indices_cpu, state_indices, state_pool)
     if validate == "host":
-        hint = _read_back_hint(torch, tensors, hint, stream)
+        hint = _read_back_hint(torch, tensors, hint, stream, handle)
         if state_indices is not None and state_pool is not None:
             _read_back_indices(torch, state_indices, state_pool, stream)
     # a torch tensor's signature holds its contiguity only: the pool's slot stride joins the key
@@ -139,7 +143,7 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
         raise KdaError("internal error: a pointer check failed that the validation wall accepts")
 
     problem = plan.problem
-    handle = _stream(torch, stream, problem.device_id)
+    handle = _stream(torch, stream, problem.device_id) if torch is not None else handle
     outputs = _allocate(torch, q, plan, out, final_state, workspace, handle, stream, checkpoints, checkpoint_index)
     o, fs, ws_obj, ck, ck_index = outputs
     if torch is not None:
@@ -152,12 +156,12 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
             ptrs[SLOT["checkpoints"]] = ck.data_ptr()
             ptrs[SLOT["checkpoint_index"]] = ck_index.data_ptr()
     else:
-        ptrs[SLOT["out"]] = describe(o, "out").ptr
+        ptrs[SLOT["out"]] = frameworks.data_ptr(o, "out")
         if fs is not None:
-            ptrs[SLOT["final_state"]] = describe(fs, "final_state").ptr
+            ptrs[SLOT["final_state"]] = frameworks.data_ptr(fs, "final_state")
         if ck is not None:
-            ptrs[SLOT["checkpoints"]] = describe(ck, "checkpoints").ptr
-            ptrs[SLOT["checkpoint_index"]] = describe(ck_index, "checkpoint_index").ptr
+            ptrs[SLOT["checkpoints"]] = frameworks.data_ptr(ck, "checkpoints")
+            ptrs[SLOT["checkpoint_index"]] = frameworks.data_ptr(ck_index, "checkpoint_index")
     ptrs.append(handle)
     program = plan.launch.program
     if torch is None and not plan.workspace_given and plan.workspace_bytes:
@@ -166,6 +170,8 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
             program.run(pack_inputs(ptrs))
     else:
         program.run(pack_inputs(ptrs))
+    if torch is None:
+        o, fs, ck, ck_index = frameworks.deliver(q, tensors, (o, fs, ck, ck_index), problem.device_id, handle)
     if ck is not None:
         return o, (fs if output_final_state else None), Checkpoints(ck, ck_index)
     return o, (fs if output_final_state else None)
@@ -174,9 +180,25 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
 # ---------------------------------------------------------------------------------------------
 # intake
 
-def _describe_all(tensors) -> list:
-    """Every argument's DLPack description (None for an absent one), in _TENSOR_ARGS order."""
-    return [None if t is None else describe(t, name) for name, t in zip(_TENSOR_ARGS, tensors)]
+def _describe_all(tensors, stream: int = -1) -> list:
+    """Every argument's DLPack description (None for an absent one), in _TENSOR_ARGS order;
+    `stream` is the DLPack consumer stream (tensors.describe)."""
+    descs = []
+    for name, t in zip(_TENSOR_ARGS, tensors):
+        if t is not None:
+            frameworks.check_argument(t, name)
+        descs.append(None if t is None else describe(t, name, stream))
+    return descs
+
+
+def _intake_stream(q, stream) -> Optional[int]:
+    """The call's stream for a caller that is not torch, known before the DLPack reads (they order
+    the producers' writes before it); None when q is not device memory (the wall refuses it)."""
+    frameworks.check_argument(q, "q")
+    device_id = frameworks.cuda_device(q)
+    if device_id is None:
+        return None
+    return _stream(None, stream, device_id, frameworks.default_stream(q, device_id))
 
 
 def _torch_intake(Tensor, tensors):
@@ -228,16 +250,18 @@ def _hint_lengths(hint, N: int, T: int) -> Optional[Tuple[int, ...]]:
     return check_seq_lens(values, N, T) if kind == "lens" else check_cu_seqlens_host(values, N, T)
 
 
-def _read_back_hint(torch, tensors, hint, stream):
-    """validate="host": copy cu_seqlens back (a synchronisation), check it, and plan with it."""
+def _read_back_hint(torch, tensors, hint, stream, handle):
+    """validate="host": copy cu_seqlens back (a synchronisation), check it, and plan with it.
+    `handle`: the call's stream when the caller is not torch (None: q is not device memory)."""
     cu_obj, q_obj = tensors[SLOT["cu_seqlens"]], tensors[0]
     if cu_obj is None:
         return hint
-    cu = describe(cu_obj, "cu_seqlens")
+    cu = describe(cu_obj, "cu_seqlens", frameworks.consumer_stream(handle))
     if cu.device != "cuda" or len(cu.shape) != 1 or cu.dtype not in ("int32", "int64"):
         return hint  # the wall refuses it, naming it
-    q = describe(q_obj, "q")
-    handle = _stream(torch, stream, cu.device_id)
+    q = describe(q_obj, "q", frameworks.consumer_stream(handle))
+    if torch is not None or handle is None:
+        handle = _stream(torch, stream, cu.device_id)
     if streams.is_capturing(handle):
         raise RuntimeError("validate: 'host' reads cu_seqlens back, which cannot happen while the stream is being "
                            "captured into a CUDA graph; use validate='device' there")
@@ -380,10 +404,10 @@ def _remember(key, plan: CallPlan) -> None:
 # ---------------------------------------------------------------------------------------------
 # streams and allocation
 
-def _stream(torch, stream, device_id: int) -> int:
+def _stream(torch, stream, device_id: int, default: Optional[int] = None) -> int:
     if stream is None and torch is not None:
         return torch._C._cuda_getCurrentRawStream(device_id)  # 0.3 us; torch.cuda.current_stream() is 4
-    handle = streams.stream_handle(stream, device_id)
+    handle = default if stream is None and default is not None else streams.stream_handle(stream, device_id)
     if (handle, device_id) not in _KNOWN_STREAMS:
         # A raw handle would reach the launch unchecked: ask the driver once per (handle, device).
         # A handle destroyed and reused by a new stream keeps its entry: it is then valid again.
@@ -406,21 +430,22 @@ def _allocate(torch, q, plan: CallPlan, out, final_state, workspace, handle: int
     if plan.alloc_checkpoints:
         dtype = plan.problem.state_dtype
         checkpoints = (q.new_empty(plan.checkpoint_shape, dtype=getattr(torch, dtype)) if torch is not None
-                       else _empty_like(q, plan.checkpoint_shape, dtype))
+                       else frameworks.empty(q, plan.checkpoint_shape, dtype, plan.problem.device_id, handle))
         new.append(checkpoints)
     if plan.alloc_checkpoint_index:
         shape = (plan.problem.n_checkpoints, 2)
         checkpoint_index = (q.new_empty(shape, dtype=torch.int32) if torch is not None
-                            else _empty_like(q, shape, "int32"))
+                            else frameworks.empty(q, shape, "int32", plan.problem.device_id, handle))
         new.append(checkpoint_index)
     if out is None:
-        out = q.new_empty(plan.out_shape) if torch is not None else _empty_like(q, plan.out_shape, "bfloat16")
+        out = q.new_empty(plan.out_shape) if torch is not None else frameworks.empty(
+            q, plan.out_shape, "bfloat16", plan.problem.device_id, handle)
         new.append(out)
     if plan.alloc_final:
         if torch is not None:
             final_state = q.new_empty(plan.final_shape, dtype=getattr(torch, plan.final_dtype))
         else:
-            final_state = _empty_like(q, plan.final_shape, plan.final_dtype)
+            final_state = frameworks.empty(q, plan.final_shape, plan.final_dtype, plan.problem.device_id, handle)
         new.append(final_state)
     ws = None
     if torch is not None and workspace is None and plan.workspace_bytes:
@@ -434,20 +459,6 @@ def _allocate(torch, q, plan: CallPlan, out, final_state, workspace, handle: int
     return out, final_state, ws, checkpoints, checkpoint_index
 
 
-def _empty_like(ref, shape, dtype: str):
-    """An uninitialised device array from the framework that produced `ref` (no new imports)."""
-    module = type(ref).__module__.split(".")[0]
-    if module == "cupy":
-        cupy = sys.modules["cupy"]
-        with cupy.cuda.Device(ref.device.id):
-            return cupy.empty(shape, dtype=np.dtype(dtype) if dtype in ("float32", "int32") else _ml_bf16())
-    raise TypeError(f"out: inputs from {module} cannot be allocated here; pass out= (and final_state=)")
-
-
-def _ml_bf16():
-    import ml_dtypes
-
-    return ml_dtypes.bfloat16
 
 
 # ---------------------------------------------------------------------------------------------
@@ -466,7 +477,11 @@ def workspace_size(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_
     keyword arguments can be passed unchanged; they do not change the size (nor does `numerics`, which is checked)."""
     tensors = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state, state_pool,
                state_indices, checkpoints, checkpoint_index, None)
-    descs = _describe_all(tensors)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(q, torch.Tensor):
+        descs = _describe_all(tensors)
+    else:  # DLPack reads need a consumer stream (JAX refuses -1)
+        descs = _describe_all(tensors, frameworks.consumer_stream(_intake_stream(q, stream)))
     hint = _hint_key(seq_lens, cu_seqlens_cpu)
     if state_pool is not None and output_final_state:
         raise ValueError("state_pool: cannot be combined with output_final_state; the final states are written "
@@ -502,9 +517,11 @@ def workspace_size_for(T: int, H: int, *, N: int = 1, varlen: bool = False, cu_d
 
 
 def empty_cache() -> None:
-    """Free every workspace this process holds (waiting for the work queued on it first) and forget
-    the prepared plans. Torch callers' workspaces are torch's: torch.cuda.empty_cache() frees those."""
+    """Free every workspace this process holds (waiting for the work queued on it first), release
+    what JAX calls still hold (their inputs, outputs JAX let go of), and forget the prepared plans.
+    Torch callers' workspaces are torch's: torch.cuda.empty_cache() frees those."""
     ARENA.release()
+    pending.drain()
     with _PLANS_LOCK:
         _PLANS.clear()
 

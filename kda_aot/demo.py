@@ -4,7 +4,8 @@
 
 Documented flag values (ci/demo_flags.sh runs each and reports pass/fail): no flags (H=4,
 sequences 300 17 1024), --heads 1, --heads 2, --seq-lens 4096, --seq-lens 64 64. Inputs are
-reference.make_inputs' (q, k, v, g, beta logits ~ N(0,1) bf16, bf16 initial state, seed 0).
+make_inputs' of reference.py (GPU) or reference_np.py (CPU): q, k, v, g, beta logits ~ N(0,1)
+bf16, bf16 initial state, seed 0.
 
 On a Hopper GPU it checks three things:
   1. prefill with cp="off" bit for bit against the GPU reference: reference.chunked_prefill
@@ -15,8 +16,8 @@ On a Hopper GPU it checks three things:
      reassociates the state products, docs/algorithm.md "Context parallelism");
   3. both against the float64 per-token gold, within 1.5x the recipe's own error measured by the
      CPU emulation on the same inputs.
-Without a usable GPU it says why and runs the CPU reference (the emulation) against the gold.
-Needs torch.
+Without a usable GPU it says why and runs the CPU reference (the emulation) against the gold, in
+NumPy (reference_np.py): no torch needed. The GPU checks need torch (the GPU reference is torch's).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import argparse
 import sys
 import time
 
-from .cli_checks import cannot_run, gpu_problem, torch_problem
+from .cli_checks import cannot_run, gpu_problem, library_problem, torch_problem
 
 PROG = "python -m kda_aot.demo"
 # Check 2: what CP may differ from serial, the bound of tests/test_cp_gpu.py (CP carries the state
@@ -118,32 +119,49 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.heads < 1 or any(n < 0 for n in args.seq_lens):
         parser.error("--heads must be >= 1 and --seq-lens >= 0")
-    problem = torch_problem()
-    if problem:
-        return cannot_run(PROG, problem)
     import kda_aot
-    from kda_aot import reference
 
     H, lens = args.heads, args.seq_lens
+    no_torch = torch_problem()
+    if no_torch:  # torch is only needed for the GPU checks: is there a GPU to check?
+        reason = library_problem()
+        if not reason:
+            info = kda_aot.info()
+            if info.get("devices"):  # the GPU reference is torch's
+                return cannot_run(PROG, f"{no_torch}; the GPU checks need it")
+            reason = f"the kernel library sees no device ({info.get('device_error', 'unknown reason')})"
+    else:
+        reason = gpu_problem()
     print(f"kda-aot {kda_aot.__version__}: KDA prefill, H={H}, packed sequences {lens}, bf16 states")
-    reason = gpu_problem()
+    if reason:
+        return _cpu_reference(reason, lens, H)
+    from kda_aot import reference
+
     x = reference.make_inputs(lens, H, seed=0, device="cpu", state="bf16")
-    t0 = time.perf_counter()
     gold_o, gold_s = reference.gold_prefill(**x)
+    emu_o, emu_s = reference.chunked_prefill(**x, mode="emulate")
+    recipe_o, recipe_s = reference.rel_rmse(emu_o, gold_o), reference.rel_rmse(emu_s, gold_s)
+    return _gpu_checks(kda_aot, reference, x, lens, H, gold_o, gold_s, recipe_o, recipe_s)
+
+
+def _cpu_reference(reason: str, lens, H: int) -> int:
+    """No GPU here: the NumPy emulation of the recipe against the NumPy float64 gold."""
+    from kda_aot import reference_np
+
+    x = reference_np.make_inputs(lens, H, seed=0, state="bf16")
+    t0 = time.perf_counter()
+    gold_o, gold_s = reference_np.gold_prefill(**x)
     t_gold = time.perf_counter() - t0
     t0 = time.perf_counter()
-    emu_o, emu_s = reference.chunked_prefill(**x, mode="emulate")
+    emu_o, emu_s = reference_np.chunked_prefill(**x, mode="emulate")
     t_emu = time.perf_counter() - t0
-    recipe_o, recipe_s = reference.rel_rmse(emu_o, gold_o), reference.rel_rmse(emu_s, gold_s)
-    if reason:
-        print(f"no GPU run: {reason}.")
-        print(f"Running the CPU reference instead (the chunked algorithm with emulated bf16/fp16 "
-              f"rounding, {t_emu:.1f} s) against the float64 gold ({t_gold:.1f} s):")
-        ok = _line("output, relative RMSE vs gold", recipe_o, CPU_RECIPE_BOUND)
-        ok &= _line("final state, relative RMSE vs gold", recipe_s, CPU_RECIPE_BOUND)
-        print("PASS (CPU reference only; no kernel ran)" if ok else "FAIL")
-        return 0 if ok else 1
-    return _gpu_checks(kda_aot, reference, x, lens, H, gold_o, gold_s, recipe_o, recipe_s)
+    print(f"no GPU run: {reason}.")
+    print(f"Running the CPU reference instead (NumPy: the chunked algorithm with emulated bf16/fp16 "
+          f"rounding, {t_emu:.1f} s) against the float64 gold ({t_gold:.1f} s):")
+    ok = _line("output, relative RMSE vs gold", reference_np.rel_rmse(emu_o, gold_o), CPU_RECIPE_BOUND)
+    ok &= _line("final state, relative RMSE vs gold", reference_np.rel_rmse(emu_s, gold_s), CPU_RECIPE_BOUND)
+    print("PASS (CPU reference only; no kernel ran)" if ok else "FAIL")
+    return 0 if ok else 1
 
 
 def _gpu_checks(kda_aot, reference, x_cpu, lens, H, gold_o, gold_s, recipe_o, recipe_s) -> int:

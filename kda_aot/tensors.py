@@ -71,10 +71,12 @@ def _contiguous_strides(shape: Tuple[int, ...]) -> Tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def describe(obj: Any, name: str) -> TensorDesc:
-    """Read `obj` through DLPack without copying, synchronising or converting it.
+def describe(obj: Any, name: str, stream: int = -1) -> TensorDesc:
+    """Read `obj` through DLPack without copying, synchronising the host or converting it.
 
-    Raises TypeError naming the argument when `obj` does not speak DLPack.
+    `stream` is the DLPack consumer stream: the stream the kernels will read `obj` on (1 for the
+    legacy default stream), on which the producer orders its pending writes of `obj`; -1 asks for
+    no ordering. Raises TypeError naming the argument when `obj` does not speak DLPack.
     """
     if isinstance(obj, TensorDesc):
         return obj
@@ -82,16 +84,18 @@ def describe(obj: Any, name: str) -> TensorDesc:
         if not _TORCH_DTYPES:
             _init_torch_dtypes()
         return _describe_torch(obj, name)
-    return describe_dlpack(obj, name)
+    return describe_dlpack(obj, name, stream)
 
 
-def describe_dlpack(obj: Any, name: str) -> TensorDesc:
+def describe_dlpack(obj: Any, name: str, stream: int = -1) -> TensorDesc:
     """The general path: any DLPack producer, read through cuda.core's StridedMemoryView."""
     if not hasattr(obj, "__dlpack__"):
         raise TypeError(f"{name}: expected a DLPack tensor (torch, CuPy, JAX, ...), got {type(obj).__name__}")
     try:
-        # stream_ptr=-1: no stream synchronisation; the caller orders its own stream.
-        view = StridedMemoryView.from_dlpack(obj, stream_ptr=-1)
+        # cuda.core passes stream_ptr to a device producer's __dlpack__(stream=...) and None to a
+        # host producer's (whatever stream_ptr is). JAX refuses -1 for device arrays: the call
+        # path passes its own stream (frameworks.consumer_stream).
+        view = StridedMemoryView.from_dlpack(obj, stream_ptr=stream)
     except Exception as exc:  # the producer refused (e.g. an unsupported dtype)
         raise TypeError(f"{name}: could not be read through DLPack: {exc}") from exc
     try:

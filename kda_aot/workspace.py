@@ -68,33 +68,45 @@ class CaptureAllocationError(RuntimeError):
 
 class WorkspaceArena:
     """Device buffers for callers whose framework has no allocator we can use (CuPy, JAX, raw
-    DLPack): one grow-only buffer per (device, stream), at most MAX_BUFFERS of them.
+    DLPack): one grow-only buffer per (device, stream handle), at most MAX_BUFFERS of them.
 
-    A buffer is reused only by work ordered on its own stream, and `lease` holds the arena's lock
-    from handing out the pointer until the call's launches are queued, so two threads sharing a
-    stream never interleave their use of it and a buffer is never freed while a launch that uses it
-    is still being issued. Torch callers never come here: their workspace comes from torch's
-    caching allocator, which is stream-ordered and graph-aware (docs/call_path.md).
+    `lease` holds the arena's lock from handing out the pointer until the call's launches are
+    queued, so two threads sharing a stream never interleave their use of a buffer and a buffer is
+    never freed while a launch that uses it is still being issued. Torch callers never come here:
+    their workspace comes from torch's caching allocator, which is stream-ordered and graph-aware
+    (docs/call_path.md).
+
+    A stream handle is only an address: a stream destroyed with work still queued can be followed
+    by a new stream at the same address (CuPy callers who make a stream per request). So each
+    buffer carries an event recorded after its last use, and the next lease makes its stream wait
+    on it (a device-side wait, about 2 us of host time per call; skipped while the stream is being
+    captured into a graph). Buffers are freed only after a device synchronisation (eviction,
+    `release`), on the legacy default stream, never on the stream they were used on, which may be
+    gone by then (freeing on a destroyed stream crashes the process).
     """
 
     MAX_BUFFERS = 8
 
     def __init__(self):
-        self._buffers: Dict[Tuple[int, int], object] = {}
+        self._buffers: Dict[Tuple[int, int], _Slot] = {}
         self._lock = threading.RLock()
 
     def lease(self, device_id: int, stream_handle: int, nbytes: int):
         """A context manager yielding the base pointer of at least `nbytes` bytes."""
         return _Lease(self, device_id, stream_handle, nbytes)
 
-    def _get(self, device_id: int, stream_handle: int, nbytes: int) -> int:
-        key = (device_id, stream_handle)
-        buf = self._buffers.get(key)
-        if buf is not None and buf.size >= nbytes:
-            return int(buf.handle)
-        from .streams import is_capturing
+    def _get(self, device_id: int, stream_handle: int, nbytes: int, capturing: bool) -> "_Slot":
+        from cuda.bindings import driver
 
-        if is_capturing(stream_handle):
+        key = (device_id, stream_handle)
+        slot = self._buffers.get(key)
+        if slot is not None and slot.recorded and not capturing:
+            # After the buffer's last use, whichever stream (this one, or a destroyed one that had
+            # this handle) it was on.
+            _check(driver.cuStreamWaitEvent(driver.CUstream(stream_handle), slot.event, 0), "cuStreamWaitEvent")
+        if slot is not None and slot.buffer.size >= nbytes:
+            return slot
+        if capturing:
             raise CaptureAllocationError(
                 f"workspace: this call needs {nbytes} bytes of workspace on a stream that is being captured into a "
                 "CUDA graph, and allocating during a capture is not allowed; pass workspace= (a device buffer of "
@@ -103,54 +115,99 @@ class WorkspaceArena:
 
         device = Device(device_id)
         device.set_current()
-        stream = LEGACY_DEFAULT_STREAM if stream_handle == 0 else Stream.from_handle(stream_handle)
-        if buf is None and len(self._buffers) >= self.MAX_BUFFERS:
+        stream = LEGACY_DEFAULT_STREAM if stream_handle in (0, 1) else Stream.from_handle(stream_handle)
+        if slot is None and len(self._buffers) >= self.MAX_BUFFERS:
             self._evict_oldest()
         # Grow by at least 1.5x so a slowly increasing T does not reallocate every call.
-        size = max(_round_up(nbytes, 1 << 20), int(buf.size * 1.5) if buf is not None else 0)
+        size = max(_round_up(nbytes, 1 << 20), int(slot.buffer.size * 1.5) if slot is not None else 0)
         new = device.allocate(size, stream=stream)
-        if buf is not None:
-            buf.close(stream)  # stream-ordered free: earlier work on this stream finishes first
+        if hasattr(new, "set_deallocation_stream"):  # cuda.core >= 1.2: never free on a stream that may be gone
+            new.set_deallocation_stream(LEGACY_DEFAULT_STREAM)
+        if slot is not None:
+            slot.buffer.close(stream)  # ordered after its last use by the wait above
+        else:
+            err, event = driver.cuEventCreate(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING)
+            _check((err,), "cuEventCreate")
+            slot = _Slot(new, event)
+        slot.buffer = new
         self._buffers.pop(key, None)
-        self._buffers[key] = new  # newest last: eviction takes the oldest
-        return int(new.handle)
+        self._buffers[key] = slot  # newest last: eviction takes the oldest
+        return slot
 
     def _evict_oldest(self) -> None:
-        from cuda.core import Device
-
         key = next(iter(self._buffers))
-        Device(key[0]).sync()  # its stream may be gone: wait for everything, then free
-        self._buffers.pop(key).close()
+        _free_after_sync(key[0], [self._buffers.pop(key)])
 
     def release(self) -> None:
         """Free every buffer, after the work queued on their devices has finished."""
-        from cuda.core import Device
-
         with self._lock:
             for device_id in {d for d, _ in self._buffers}:
-                Device(device_id).sync()
-            for buf in self._buffers.values():
-                buf.close()
+                _free_after_sync(device_id, [slot for (d, _), slot in self._buffers.items() if d == device_id])
             self._buffers.clear()
 
     def nbytes(self) -> int:
-        return sum(b.size for b in self._buffers.values())
+        return sum(slot.buffer.size for slot in self._buffers.values())
+
+
+class _Slot:
+    """One arena buffer and the event recorded after its last use."""
+
+    __slots__ = ("buffer", "event", "recorded")
+
+    def __init__(self, buffer, event):
+        self.buffer, self.event, self.recorded = buffer, event, False
+
+
+def _check(result, what: str) -> None:
+    from cuda.bindings import driver
+
+    if result[0] != driver.CUresult.CUDA_SUCCESS:
+        from .loader import CudaError
+
+        raise CudaError(f"workspace arena: {what} failed: {result[0]}")
+
+
+def _free_after_sync(device_id: int, slots) -> None:
+    """Wait for everything on the device (the buffers' streams may be gone), then free the buffers
+    on the legacy default stream and destroy their events."""
+    from cuda.bindings import driver
+    from cuda.core import LEGACY_DEFAULT_STREAM, Device
+
+    device = Device(device_id)
+    device.set_current()
+    device.sync()
+    for slot in slots:
+        slot.buffer.close(LEGACY_DEFAULT_STREAM)
+        driver.cuEventDestroy(slot.event)
 
 
 class _Lease:
     def __init__(self, arena: WorkspaceArena, device_id: int, stream_handle: int, nbytes: int):
         self.arena, self.args = arena, (device_id, stream_handle, nbytes)
+        self.slot = None
+        self.capturing = False
 
     def __enter__(self) -> int:
+        from .streams import is_capturing
+
         self.arena._lock.acquire()
         try:
-            return self.arena._get(*self.args)
+            self.capturing = is_capturing(self.args[1])
+            self.slot = self.arena._get(*self.args, self.capturing)
+            return int(self.slot.buffer.handle)
         except BaseException:
             self.arena._lock.release()
             raise
 
     def __exit__(self, *exc) -> None:
-        self.arena._lock.release()
+        try:
+            if not self.capturing:
+                from cuda.bindings import driver
+
+                _check(driver.cuEventRecord(self.slot.event, driver.CUstream(self.args[1])), "cuEventRecord")
+                self.slot.recorded = True
+        finally:
+            self.arena._lock.release()
 
 
 ARENA = WorkspaceArena()

@@ -1,8 +1,13 @@
 """Shared fixtures: GPU tests skip cleanly where there is no usable Hopper GPU."""
 
 import functools
+import os
 
 import pytest
+
+# JAX takes 75% of the GPU's memory when it first uses it unless told otherwise; the JAX tests share
+# the device with torch and the library (tests/test_frameworks_*.py).
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 
 @functools.lru_cache(maxsize=None)

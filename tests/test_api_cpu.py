@@ -1,18 +1,19 @@
 """The public API on a machine without a GPU: arguments are refused before anything runs."""
 
+import numpy as np
 import pytest
-import torch
 
 import kda_aot
 
 
 def _inputs(B=1, T=32, H=2):
-    g = torch.Generator().manual_seed(0)
-    bf = dict(dtype=torch.bfloat16)
-    return dict(q=torch.randn(B, T, H, 128, generator=g).to(**bf), k=torch.randn(B, T, H, 128, generator=g).to(**bf),
-                v=torch.randn(B, T, H, 128, generator=g).to(**bf), g=torch.randn(B, T, H, 128, generator=g).to(**bf),
-                beta=torch.randn(B, T, H, generator=g).to(**bf), A_log=torch.rand(H, generator=g),
-                dt_bias=torch.rand(H, 128, generator=g))
+    """Host arrays (NumPy: no torch needed). fp32 rather than bf16, which NumPy cannot export
+    through DLPack: every call here is refused before dtypes matter, naming the argument."""
+    rng = np.random.default_rng(0)
+    f32 = np.float32
+    return dict(q=rng.standard_normal((B, T, H, 128), f32), k=rng.standard_normal((B, T, H, 128), f32),
+                v=rng.standard_normal((B, T, H, 128), f32), g=rng.standard_normal((B, T, H, 128), f32),
+                beta=rng.standard_normal((B, T, H), f32), A_log=rng.random(H, f32), dt_bias=rng.random((H, 128), f32))
 
 
 def test_cpu_tensors_are_refused_naming_q():
@@ -25,7 +26,7 @@ def test_final_state_buffer_requires_output_final_state():
     x = _inputs()
     with pytest.raises(ValueError, match=r"^final_state: "):
         kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
-                        final_state=torch.empty(1, 2, 128, 128))
+                        final_state=np.empty((1, 2, 128, 128), np.float32))
 
 
 def test_non_tensor_is_refused():

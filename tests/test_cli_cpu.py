@@ -32,9 +32,23 @@ def _one_clear_line(result, expected):
     assert "cannot run here" in lines[0] and expected in lines[0], lines[0]
 
 
-@pytest.mark.parametrize("module", TOOLS)
+@pytest.mark.parametrize("module", ("kda_aot.bench", "kda_aot.profile"))
 def test_without_torch(module):
     _one_clear_line(_run(module, block_torch=True), "torch is not importable")
+
+
+def test_demo_without_torch():
+    """The demo needs torch only for its GPU checks: without a GPU it runs the NumPy reference and
+    passes; with one, it says in one line that the GPU checks need torch."""
+    import kda_aot
+
+    result = _run("kda_aot.demo", "--heads", "1", "--seq-lens", "40", "17", block_torch=True)
+    if kda_aot.info().get("devices"):
+        _one_clear_line(result, "the GPU checks need it")
+        return
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no GPU run: " in result.stdout and "Running the CPU reference instead (NumPy" in result.stdout
+    assert result.stdout.strip().endswith("PASS (CPU reference only; no kernel ran)")
 
 
 @pytest.mark.parametrize("module", ("kda_aot.bench", "kda_aot.profile"))

@@ -25,7 +25,10 @@ SECTION_REF = re.compile(r"(docs/(?:algorithm|build)\.md) ((?:§\d+(?:\.\d+)?(?:
 
 def _files(root: Path = REPO):
     for base, dirs, names in os.walk(root):
-        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info")]
+        # Any virtual environment (ci/venv.sh's .venv/, .ci/run's .venv-notorch/, ...) holds
+        # third-party code, not the repository's.
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info")
+                   and not Path(base, d, "pyvenv.cfg").exists()]
         for name in names:
             path = Path(base, name)
             # This file cites made-up documents on purpose (the scanner's own test).
