@@ -34,7 +34,7 @@ import kda_aot
 
 from .abi_constants import D
 from .dist_plan import RankWork, plan_rank, segment_starts, transfer_segments
-from .program import pack_inputs
+from .program import INPUTS, pack_inputs
 
 STATE = D * D
 HEADER = 4  # fp32 entries after M and B: [reset flag, 0, 0, 0] (16 bytes keep the payload aligned)
@@ -227,9 +227,11 @@ def slice_transfer(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.
     table = _host_ints(segment_starts(T, per, n_seg) + tuple(range(n_seg)), q.device)
     out = torch.empty(prog.out_floats, dtype=torch.float32, device=q.device)
     work = torch.empty(prog.workspace_bytes, dtype=torch.uint8, device=q.device)
-    ptrs = [q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(), A_log.data_ptr(),
-            dt_bias.data_ptr(), 0, table.data_ptr(), out.data_ptr(), 0, work.data_ptr(),
-            torch._C._cuda_getCurrentRawStream(dev)]
+    named = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias, cu_seqlens=table, out=out,
+                 workspace=work)
+    # by name: the program reads its inputs by slot (program.INPUTS)
+    ptrs = [named[name].data_ptr() if name in named else 0 for name in INPUTS[:-1]]
+    ptrs.append(torch._C._cuda_getCurrentRawStream(dev))
     prog.program.run(pack_inputs(ptrs))
     seg = out.view(2, n_seg, H, D, D)
     return fold_transfers(unswizzle(seg[1]), seg[0])

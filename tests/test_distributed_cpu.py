@@ -113,7 +113,7 @@ def test_transfer_program_wires_k1_and_pre_scan_over_every_segment(monkeypatch, 
     from recording import Recorder
 
     from kda_aot import planner
-    from kda_aot.program import pack_inputs
+    from kda_aot.program import INPUTS, pack_inputs
     from kda_aot.transfer import transfer_program
 
     rec = Recorder(monkeypatch)
@@ -121,9 +121,7 @@ def test_transfer_program_wires_k1_and_pre_scan_over_every_segment(monkeypatch, 
     tp = transfer_program(rec.lib, 0, H, T, S, 128 ** -0.5, -5.0, 132)
     ptrs = dict(q=1 << 40, k=2 << 40, v=3 << 40, g=4 << 40, beta=5 << 40, A_log=6 << 40, dt_bias=7 << 40,
                 cu_seqlens=8 << 40, out=9 << 40, workspace=10 << 40)
-    order = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens", "out", "final_state",
-             "workspace")
-    tp.program.run(pack_inputs([ptrs.get(n, 0) for n in order] + [77]))
+    tp.program.run(pack_inputs([ptrs.get(n, 0) for n in INPUTS[:-1]] + [77]))
     tables, k1, scan = rec.last
     assert (tables.name, k1.name) == ("seq_tables_int32", "k1_prepare")
     assert scan.name == f"cp_pre_scan_vb{128 // planner.value_split(S, H, 132)}"
