@@ -41,7 +41,7 @@ for step in "${STEPS[@]}"; do
             cat "$WORK/limits/limits.md" >> "$SUMMARY" 2>/dev/null ;;
     distributed)
       if [[ $gpus -ge 2 && -f $REPO/ci/distributed_run.sh ]]; then
-        run_step distributed 240 bash "$REPO/ci/distributed_run.sh" "$WHEEL"
+        run_step distributed "${KDA_DIST_LIMIT:-240}" bash "$REPO/ci/distributed_run.sh" "$WHEEL"
       else
         echo "distributed: skipped ($gpus GPU(s); ci/distributed_run.sh present: $([[ -f $REPO/ci/distributed_run.sh ]] && echo yes || echo no))" | tee -a "$SUMMARY"
       fi ;;
