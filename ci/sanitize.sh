@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # compute-sanitizer over the prefill cases of ci/sanitize_cases.py, against a built wheel.
 #   bash ci/sanitize.sh [path/to/kda_aot-*.whl] [tool ...]      (default: all four tools)
-# One process per tool runs every case; the summary (sanitize_summary.txt under $OUT) counts the
+# One process per tool runs every case (or those named in KDA_SANITIZE_CASES, space-separated); the summary (sanitize_summary.txt under $OUT) counts the
 # errors each tool reported per case. API errors that are not ours are filtered by exact message:
 # the CUDA bindings probe driver symbols with cuGetProcAddress, which memcheck lists as errors.
 set -uo pipefail
@@ -19,7 +19,7 @@ for tool in "${TOOLS[@]}"; do
   limit=${KDA_SANITIZE_TIMEOUT:-600}
   [[ $tool == racecheck ]] && limit=${KDA_RACECHECK_TIMEOUT:-$limit}
   timeout --signal=KILL "$limit" compute-sanitizer --tool "$tool" "${extra[@]}" \
-    --print-limit 50 python3 "$REPO/ci/sanitize_cases.py" > "$log" 2>&1
+    --print-limit 50 python3 "$REPO/ci/sanitize_cases.py" ${KDA_SANITIZE_CASES:-} > "$log" 2>&1
   rc=$?
   python3 - "$tool" "$log" "$rc" >> "$SUMMARY" <<'PY'
 import re, sys

@@ -15,13 +15,25 @@ import kda_aot
 from kda_aot import reference
 
 
-def run(lens, H, state, cp="off", dense=None):
+def run(lens, H, state, cp="off", dense=None, **kw):
     x = reference.make_inputs(dense if dense is not None else lens, H, seed=1, device="cuda", state=state)
-    o, s = kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
-                           lower_bound=x["lower_bound"], initial_state=x["initial_state"],
-                           output_final_state=state is not None, cu_seqlens=x["cu_seqlens"], cp=cp)
+    result = kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+                             lower_bound=x["lower_bound"], initial_state=x["initial_state"],
+                             output_final_state=state is not None, cu_seqlens=x["cu_seqlens"], cp=cp, **kw)
     torch.cuda.synchronize()
-    return o, s
+    return result
+
+
+def run_pool(lens, H, dtype, cp="off", **kw):
+    """State pool (docs/state_pool.md): slots read and written in place, one index negative."""
+    x = reference.make_inputs(lens, H, seed=1, device="cuda")
+    pool = torch.randn(len(lens) + 2, H, 128, 128, device="cuda").to(dtype)
+    idx = torch.tensor([len(lens) + 1 - n for n in range(len(lens) - 1)] + [-1], dtype=torch.int32, device="cuda")
+    result = kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+                             lower_bound=x["lower_bound"], cu_seqlens=x["cu_seqlens"], cp=cp, state_pool=pool,
+                             state_indices=idx, **kw)
+    torch.cuda.synchronize()
+    return result
 
 
 CASES = {
@@ -34,6 +46,12 @@ CASES = {
     "cp-2": lambda: run([1200], 2, "bf16", cp=2),
     "cp-4": lambda: run([1200, 300], 2, None, cp=4),
     "cp-8": lambda: run([1200], 2, "fp32", cp=8),
+    "accurate-serial-fp32": lambda: run([300, 17], 2, "fp32", numerics="accurate"),
+    "accurate-cp-bf16": lambda: run([1200, 300], 2, "bf16", cp=4, numerics="accurate"),
+    "pool-serial-bf16": lambda: run_pool([300, 17, 64], 2, torch.bfloat16),
+    "pool-cp-fp32": lambda: run_pool([1200, 300], 2, torch.float32, cp=4),
+    "checkpoints-serial": lambda: run([300, 17, 130], 2, "fp32", checkpoint_every=64),
+    "checkpoints-cp": lambda: run([1200, 300], 2, "bf16", cp=4, checkpoint_every=32),
 }
 
 
