@@ -80,7 +80,9 @@ def test_cp_as_close_to_gold_as_serial(serial, name, mode):
     """Bounded by serial's own error on the same input, not by a distance to serial (which says
     little); on long memory the split must also be visible (CP not bitwise serial)."""
     x, results, gold = serial[name]
-    got = _run(x, mode, cp="on")
+    # Without an initial state the first carry is serial's own state bit for bit (pre_scan from
+    # zero is K2's recipe), so a two-segment split equals serial: force four segments there.
+    got = _run(x, mode, cp="on" if x["initial_state"] is not None else 4)
     e_ser, e_cp = gold_cases.errors(results[mode], gold), gold_cases.errors(got, gold)
     for what, s, c in (("output", e_ser[0], e_cp[0]), ("final state", e_ser[1], e_cp[1])):
         assert c <= CP_SLACK * s + CP_FLOOR, f"{name} {mode} {what}: CP {c:.3e} vs serial {s:.3e}"
@@ -90,8 +92,14 @@ def test_cp_as_close_to_gold_as_serial(serial, name, mode):
 @pytest.mark.parametrize("name", ["long memory", "long memory packed bf16 state", "T=1"])
 def test_accurate_kernels_match_their_emulation(serial, gpu_approx, name):
     """The kernels against reference.chunked_prefill(mode="accurate") with the kernels' own PTX
-    approximations: the same recipe, up to the order of fp32 accumulation, so far closer than the
-    two modes are to each other (a wrong index or a lost hi/lo half shows at 1e-2 and above)."""
+    approximations: the same recipe up to the order of fp32 accumulation. That order matters more
+    than in flashkda mode: the MMA operand is the bf16 rounding of an fp32 state, so a last-bit
+    difference can flip a rounding, and long memory carries it on. Measured (H200): kernel vs
+    emulation 2.6e-3 / 1.1e-3 (output / state) on "long memory", 2.3e-3 / 1.9e-3 on the packed bf16
+    case; on the CPU, scaling the initial state by (1 + 2^-22) alone moves the emulation by
+    1.7e-3 / 0.9e-3. The two recipes are 7.4e-3 / 6.8e-3 apart, and a wrong index or a lost hi/lo
+    half shows at 1e-2 and above: the kernels must sit at least twice as close to their own recipe
+    as to the other one."""
     from kda_aot import reference
 
     x, results, _ = serial[name]
@@ -99,8 +107,9 @@ def test_accurate_kernels_match_their_emulation(serial, gpu_approx, name):
     ref_o, ref_s = reference.chunked_prefill(**x, mode="accurate", approx=gpu_approx)
     d_o, d_s = reference.rel_rmse(o, ref_o), reference.rel_rmse(s, ref_s)
     fk_o = reference.rel_rmse(results["flashkda"][0], ref_o)
-    assert d_o < 1e-3 and d_s < 1e-3, (d_o, d_s)
-    assert d_o < fk_o / 4 or fk_o == 0, (d_o, fk_o)
+    fk_s = reference.rel_rmse(results["flashkda"][1], ref_s)
+    assert d_o < 4e-3 and d_s < 4e-3, (d_o, d_s)
+    assert (d_o < fk_o / 2 or fk_o == 0) and (d_s < fk_s / 2 or fk_s == 0), (d_o, fk_o, d_s, fk_s)
 
 
 @pytest.mark.parametrize("cp", ["off", "on"])
