@@ -310,7 +310,7 @@ def _leading_dim(obj, name: str) -> int:
     return int(shape[0])
 
 
-def check_state_indices_host(values, n_slots: int) -> None:
+def check_state_indices_host(values: Sequence[int], n_slots: int) -> None:
     """Host copy of state_indices: each entry < n_slots, no non-negative slot twice (negative
     entries are PAD_SLOT_ID-style "no state" and may repeat)."""
     seen = {}

@@ -437,7 +437,7 @@ def device_segment_tables(cu: Sequence[int], t_total: int, seg_len: int, max_cou
     return seg_start, seg_prefix, scan_seg, seg_first, seg_count, final_slot
 
 
-def device_plan(t_total, n_seq, num_heads, sm_count=None, mode: CpMode = "auto") -> Optional[Tuple[int, int, int, int]]:
+def device_plan(t_total: int, n_seq: int, num_heads: int, sm_count: Optional[int] = None, mode: CpMode = "auto") -> Optional[Tuple[int, int, int, int]]:
     """The CP parameters when only the device holds cu_seqlens: None for the serial path, else
     (seg_len, max_count, min_tiles, max_segments) for cp_seg_tables, where max_segments S bounds
     sum c_n for ANY cu_seqlens content (so the runtime can size grids and scratch by S).

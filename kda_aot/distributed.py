@@ -26,7 +26,7 @@ host with the stream.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Iterator, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -91,7 +91,7 @@ def _group(group) -> _Group:
     return _Group(dist.get_rank(group), dist.get_world_size(group), gather)
 
 
-def exchange(payload: torch.Tensor, group=None) -> torch.Tensor:
+def exchange(payload: torch.Tensor, group: Any = None) -> torch.Tensor:
     """Step 3: every rank's payload (fp32 [P]), as [world_size, P] on the payload's device."""
     g = _group(group)
     return _exchange(payload, g)
@@ -108,7 +108,7 @@ def _exchange(payload: torch.Tensor, g: _Group) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def ieee_fp32_matmul():
+def ieee_fp32_matmul() -> Iterator[None]:
     """CUDA fp32 matmuls in full fp32 (no TF32) inside, the caller's setting restored after."""
     m = torch.backends.cuda.matmul
     if hasattr(m, "fp32_precision"):
@@ -127,7 +127,7 @@ def ieee_fp32_matmul():
             m.allow_tf32 = old
 
 
-def pack_payload(kind: str, n_heads: int, device, M: Optional[torch.Tensor] = None,
+def pack_payload(kind: str, n_heads: int, device: Union[str, torch.device], M: Optional[torch.Tensor] = None,
                  B: Optional[torch.Tensor] = None) -> torch.Tensor:
     """One rank's carry as the flat fp32 payload: M, B, then the header (reset flag).
 
@@ -202,7 +202,7 @@ def _local_prefill(*args, **kwargs):
     return kda_aot.prefill(*args, **kwargs)
 
 
-def slice_transfer(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0, scale: Optional[float] = None,
+def slice_transfer(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *, A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float = -5.0, scale: Optional[float] = None,
                    segments: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Step 2: (M, B) of the slice as the middle of one sequence, fp32 [H, 128, 128] each:
     S_end = S_start M + B. The slice is cut into segments pre-scanned at once (dist_plan.
@@ -254,10 +254,11 @@ def _global_lengths(seq_lens, cu_seqlens) -> Tuple[int, ...]:
     return tuple(b - a for a, b in zip(cu, cu[1:]))
 
 
-def prefill(q, k, v, g, beta, *, A_log, dt_bias, token_offset: int, seq_lens: Optional[Sequence[int]] = None,
-            cu_seqlens=None, group=None, lower_bound: float = -5.0, scale: Optional[float] = None,
-            initial_state=None, output_final_state: bool = False, cp: Union[str, int] = "auto",
-            out=None) -> DistributedPrefill:
+def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *, A_log: torch.Tensor, dt_bias: torch.Tensor, token_offset: int,
+            seq_lens: Optional[Sequence[int]] = None, cu_seqlens: Optional[torch.Tensor] = None, group: Any = None,
+            lower_bound: float = -5.0, scale: Optional[float] = None, initial_state: Optional[torch.Tensor] = None,
+            output_final_state: bool = False, cp: Union[str, int] = "auto",
+            out: Optional[torch.Tensor] = None) -> DistributedPrefill:
     """KDA prefill of one packed batch (B = 1) whose tokens are split over the ranks of `group`.
 
     Every rank passes its slice q, k, v, g [1, T_local, H, 128] and beta [1, T_local, H] (torch,

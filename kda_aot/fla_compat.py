@@ -12,6 +12,7 @@ naming the option, so nothing is silently computed differently.
 """
 
 import warnings
+from typing import Any, Optional, Tuple
 
 import torch
 
@@ -21,11 +22,15 @@ _REQUIRED_FLAGS = ("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_si
 _BF16_INPUTS = ("q", "k", "v", "g", "beta")
 
 
-def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-              use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
-              allow_neg_eigval=False, safe_gate=False, lower_bound=None, disable_recompute=False,
-              return_intermediate_states=False, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
-              cp_context=None, use_graph=False, max_num_seqs=None, **kwargs):
+def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, scale: Optional[float] = None,
+              initial_state: Optional[torch.Tensor] = None, output_final_state: bool = False,
+              use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
+              use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False, safe_gate: bool = False,
+              lower_bound: Optional[float] = None, disable_recompute: bool = False,
+              return_intermediate_states: bool = False, state_v_first: bool = False,
+              cu_seqlens: Optional[torch.Tensor] = None, cu_seqlens_cpu: Optional[torch.Tensor] = None, cp_context: Any = None,
+              use_graph: bool = False, max_num_seqs: Optional[int] = None,
+              **kwargs: Any) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """FLA's chunk_kda (forward) on kda_aot's kernels: returns (o [B, T, H, 128] bf16, final_state).
 
     Supported: bf16 q, k, v, g and beta logits with K = V = 128 and as many value heads as q heads;

@@ -7,7 +7,7 @@ count, so it is unit-tested on the CPU.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 from .abi_constants import CHUNK, D, VALUE_BLOCKS
 
@@ -72,7 +72,7 @@ def plan_serial(*, T: int, N: int, H: int, varlen: bool, has_initial: bool, has_
                       f"{N * H} (sequence, head) pairs x {split} value blocks on {sm_count} SMs")
 
 
-def select_variant(kernels: Iterable, entry: str, constants: Mapping[str, object]):
+def select_variant(kernels: Iterable, entry: str, constants: Mapping[str, object]) -> Any:
     """The kernel whose manifest entry and constants match exactly."""
     for kernel in kernels:
         if kernel.args and getattr(kernel, "entry", None) == entry and all(

@@ -261,8 +261,9 @@ def _gold_core(m, q, k, v, g, beta, A_log, dt_bias, s, *, lb, scale):
     return o, s
 
 
-def gold_prefill(q, k, v, g, beta, A_log, dt_bias, lower_bound, scale=None, initial_state=None,
-                 cu_seqlens=None) -> Tuple[torch.Tensor, torch.Tensor]:
+def gold_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float,
+                 scale: Optional[float] = None, initial_state: Optional[torch.Tensor] = None,
+                 cu_seqlens: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Float64 gold of §2.2 (FLA fused_recurrent semantics): exact sigmoid/exp, unrounded scale
     and the unrounded initial state (fp32 or bf16) widened to fp64.
 
@@ -402,8 +403,9 @@ def _chunked_core_accurate(m, q, k, v, g, beta, A_log, dt_bias, s, *, lb, scale)
     return o, s
 
 
-def chunked_prefill(q, k, v, g, beta, A_log, dt_bias, lower_bound, scale=None,
-                    initial_state=None, cu_seqlens=None, mode: str = "emulate",
+def chunked_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float,
+                    scale: Optional[float] = None, initial_state: Optional[torch.Tensor] = None,
+                    cu_seqlens: Optional[torch.Tensor] = None, mode: str = "emulate",
                     approx: Any = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Chunked C=16 reference (§2.3, §2.5).
 

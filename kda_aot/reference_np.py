@@ -17,7 +17,7 @@ logits [B, T, H], V-first states [N, H, V, K], optional packed int `cu_seqlens` 
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple, Union
+from typing import Any, Optional, Sequence, Tuple, Union
 
 import ml_dtypes
 import numpy as np
@@ -189,8 +189,9 @@ def _gold_core(m, q, k, v, g, beta, A_log, dt_bias, s, *, lb, scale):
     return o, s
 
 
-def gold_prefill(q, k, v, g, beta, A_log, dt_bias, lower_bound, scale=None, initial_state=None,
-                 cu_seqlens=None) -> Tuple[np.ndarray, np.ndarray]:
+def gold_prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray, A_log: np.ndarray, dt_bias: np.ndarray, lower_bound: float,
+                 scale: Optional[float] = None, initial_state: Optional[np.ndarray] = None,
+                 cu_seqlens: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
     """Float64 gold: (o [B, T, H, 128], final_state [N, H, 128, 128]), both float64."""
     return _run(_gold_core, _ExactMath(), q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, initial_state,
                 cu_seqlens)
@@ -270,8 +271,9 @@ def _chunked_core(m, q, k, v, g, beta, A_log, dt_bias, s, *, lb, scale):
     return o.reshape(-1, *o.shape[2:])[:length], s
 
 
-def chunked_prefill(q, k, v, g, beta, A_log, dt_bias, lower_bound, scale=None, initial_state=None,
-                    cu_seqlens=None, mode: str = "emulate") -> Tuple[np.ndarray, np.ndarray]:
+def chunked_prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray, A_log: np.ndarray, dt_bias: np.ndarray, lower_bound: float,
+                    scale: Optional[float] = None, initial_state: Optional[np.ndarray] = None, cu_seqlens: Optional[np.ndarray] = None,
+                    mode: str = "emulate") -> Tuple[np.ndarray, np.ndarray]:
     """The chunked algorithm: mode="exact" (float64, no rounding) or "emulate" (the rounding
     recipe; returns bf16 arrays, as the kernels do)."""
     if mode not in ("exact", "emulate"):
@@ -284,7 +286,7 @@ def chunked_prefill(q, k, v, g, beta, A_log, dt_bias, lower_bound, scale=None, i
     return o, final
 
 
-def rel_rmse(a, b) -> float:
+def rel_rmse(a: Any, b: Any) -> float:
     """||a - b|| / (||b|| + 1e-8) in float64, b the reference."""
     a, b = np.asarray(a, F64), np.asarray(b, F64)
     return float(np.linalg.norm(a - b) / (np.linalg.norm(b) + 1e-8))

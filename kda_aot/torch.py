@@ -140,10 +140,12 @@ PREFILL_POOL = torch.ops.kda_aot.prefill_pool.default
 # ---------------------------------------------------------------------------------------------
 # the Python face: kda_aot.prefill's signature, through the ops
 
-def prefill(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0, scale: Optional[float] = None,
-            initial_state=None, output_final_state: bool = False, cu_seqlens=None, cu_seqlens_cpu=None,
-            seq_lens: Optional[List[int]] = None, cp: str = "auto", out=None, final_state=None, workspace=None,
-            state_pool=None, state_indices=None, numerics: str = "flashkda"):
+def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *, A_log: torch.Tensor, dt_bias: torch.Tensor,
+            lower_bound: float = -5.0, scale: Optional[float] = None, initial_state: Optional[torch.Tensor] = None,
+            output_final_state: bool = False, cu_seqlens: Optional[torch.Tensor] = None, cu_seqlens_cpu: Optional[torch.Tensor] = None,
+            seq_lens: Optional[List[int]] = None, cp: str = "auto", out: Optional[torch.Tensor] = None,
+            final_state: Optional[torch.Tensor] = None, workspace: Optional[torch.Tensor] = None, state_pool: Optional[torch.Tensor] = None,
+            state_indices: Optional[torch.Tensor] = None, numerics: str = "flashkda") -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """kda_aot.prefill through the torch ops: returns (o, final_state or None).
 
     Same arguments and checks as kda_aot.prefill (README, kda_aot/api.py), less `stream=` (the op

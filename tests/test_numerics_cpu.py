@@ -9,7 +9,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from recording import Recorder, call, device_buffer, problem_args  # noqa: E402
 
-from kda_aot import api, reference  # noqa: E402
+from kda_aot import api  # noqa: E402
 
 
 @pytest.fixture
@@ -97,12 +97,21 @@ def test_every_state_kernel_has_an_accurate_twin_and_nothing_else_does():
     assert twins == 21 + 6 + 3
 
 
+def _reference():
+    """The torch reference (its emulation of both recipes); the tests that use it skip without torch."""
+    pytest.importorskip("torch", reason="the recipe emulation (kda_aot/reference.py) runs on torch")
+    from kda_aot import reference
+
+    return reference
+
+
 def _long_memory(T=1024):
-    return reference.make_inputs([T], 1, seed=5, state="fp32", g_mean=-8.0)
+    return _reference().make_inputs([T], 1, seed=5, state="fp32", g_mean=-8.0)
 
 
 def test_accurate_emulation_is_closer_to_gold_on_long_memory():
     """The CPU emulation of both recipes (docs/numerics.md measures the same at larger T)."""
+    reference = _reference()
     x = _long_memory()
     gold = reference.gold_prefill(**x)
     fk = reference.chunked_prefill(**x, mode="emulate")
@@ -115,6 +124,7 @@ def test_accurate_emulation_is_closer_to_gold_on_long_memory():
 
 
 def test_accurate_emulation_keeps_an_fp32_initial_state_on_an_empty_sequence():
+    reference = _reference()
     import torch
 
     x = reference.make_inputs([0, 40], 1, seed=6, state="fp32")
@@ -125,6 +135,7 @@ def test_accurate_emulation_keeps_an_fp32_initial_state_on_an_empty_sequence():
 
 
 def test_reference_mode_is_named_when_wrong():
+    reference = _reference()
     with pytest.raises(ValueError, match="mode must be 'exact', 'emulate' or 'accurate'"):
         reference.chunked_prefill(**_long_memory(16), mode="fp32")
 
