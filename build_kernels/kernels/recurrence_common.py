@@ -97,6 +97,17 @@ def produce_tiles(full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, ntil
                 bulk_g2s(sb + off_v + r * vstr, vrow + Int64(r) * row_step, v_bytes, fb)
 
 
+def _v_values(v_words, zero):
+    """The four fp32 v values of a lane's C-fragment (rows g, g + 8): `v_words()` emits the reads of
+    the two packed bf16 words where K2 has them; None is pre_scan's M-chain, v = 0."""
+    if v_words is None:
+        return zero, zero, zero, zero
+    vw0, vw1 = v_words()
+    v0, v1 = unpack_bf16x2(vw0)
+    v2, v3 = unpack_bf16x2(vw1)
+    return v0, v1, v2, v3
+
+
 def solve_u_fragment(acc, v_words, bs0, bs1, a_inv, zero):
     """Q2 + Q3 for one n-block, shared by K2 and pre_scan's two chains (docs/algorithm.md §4.6 needs them
     bit-identical): u = bf(acc), r = bf(bf(v - u) * bsig), U = bf(acc32(INV r)); returns U as the
@@ -104,12 +115,7 @@ def solve_u_fragment(acc, v_words, bs0, bs1, a_inv, zero):
     packed v words (rows g and g + 8) where K2 has them; None is pre_scan's M-chain, v = 0."""
     u0, u1 = round_bf16x2(acc[0], acc[1])
     u2, u3 = round_bf16x2(acc[2], acc[3])
-    if v_words is None:
-        v0 = v1 = v2 = v3 = zero
-    else:
-        vw0, vw1 = v_words()
-        v0, v1 = unpack_bf16x2(vw0)
-        v2, v3 = unpack_bf16x2(vw1)
+    v0, v1, v2, v3 = _v_values(v_words, zero)
     d0, d1 = round_bf16x2(sub_rn(v0, u0), sub_rn(v1, u1))
     d2, d3 = round_bf16x2(sub_rn(v2, u2), sub_rn(v3, u3))
     r_lo = pack_bf16x2(mul_rn(d0, bs0), mul_rn(d1, bs0))
@@ -176,12 +182,7 @@ def solve_u_fragment_accurate(acc, v_words, bs0, bs1, a_inv, zero, level: int = 
     fragments for Q4 and Q5. v_words as in solve_u_fragment (None: v = 0, the M-chain)."""
     if level == 1:
         return solve_u_fragment(acc, v_words, bs0, bs1, a_inv, zero), None
-    if v_words is None:
-        v0 = v1 = v2 = v3 = zero
-    else:
-        vw0, vw1 = v_words()
-        v0, v1 = unpack_bf16x2(vw0)
-        v2, v3 = unpack_bf16x2(vw1)
+    v0, v1, v2, v3 = _v_values(v_words, zero)
     r = (mul_rn(sub_rn(v0, acc[0]), bs0), mul_rn(sub_rn(v1, acc[1]), bs0),
          mul_rn(sub_rn(v2, acc[2]), bs1), mul_rn(sub_rn(v3, acc[3]), bs1))
     if level == 2:
