@@ -27,7 +27,9 @@ import sys
 import time
 
 CLASSES = {"short memory": (0.0, -5.0), "long memory": (-8.0, -5.0), "weak decay": (0.0, -0.05)}
-TIMING = [(64, [8192]), (4, [8192]), (64, [1024] * 8), (4, [16384])]
+TIMING = [(64, [8192]), (64, [1300, 547, 2048, 963, 271, 3063]), (64, [1024] * 8), (96, [8192]),
+          (96, [1300, 547, 2048, 963, 271, 3063]), (96, [1024] * 8), (4, [8192]), (4, [16384])]
+SPLITS = (1, 2, 4)  # K2 value splits timed per mode on the serial rows (the split rule was tuned on flashkda)
 MODES = ("flashkda", "accurate")
 
 
@@ -43,6 +45,16 @@ class Report:
                  "|---|---|---|---|---|---|---|"]
         lines += [f"| {r['H']} | {r['shape']} | {r['plan']} | {r['flashkda']:.3f} | {r['accurate']:.3f} | "
                   f"{r['accurate'] / r['flashkda']:.3f} | {r['accurate_fp32']:.3f} |" for r in self.timing]
+        split_rows = [r for r in self.timing if f"accurate split {SPLITS[0]}" in r]
+        if split_rows:
+            lines += ["", "## forced K2 value splits (serial rows; ms)", "",
+                      "| H | sequences | " + " | ".join(f"{m} split {s}" for m in MODES for s in SPLITS)
+                      + " | best accurate / best flashkda |", "|---|---|" + "---|" * (len(MODES) * len(SPLITS) + 1)]
+            for r in split_rows:
+                best = {m: min(r[f"{m} split {s}"] for s in SPLITS) for m in MODES}
+                lines.append(f"| {r['H']} | {r['shape']} | " + " | ".join(
+                    f"{r[f'{m} split {s}']:.3f}" for m in MODES for s in SPLITS)
+                    + f" | {best['accurate'] / best['flashkda']:.3f} |")
         lines += ["", "## relative RMSE against float64, output / final state (H=2, one sequence, fp32 h0)", "",
                   "| input class | T | flashkda serial | flashkda cp=on | accurate serial | accurate cp=on | FLA chunk_kda |",
                   "|---|---|---|---|---|---|---|"]
@@ -55,6 +67,11 @@ class Report:
                       "| recipe | H=64 [8192] ms | long memory o / ht | weak decay o / ht |", "|---|---|---|---|"]
             lines += [f"| {r['recipe']} | {r['ms']:.3f} | {_pair(r.get('long memory'))} | {_pair(r.get('weak decay'))} |"
                       for r in self.ablation]
+            other = sorted({k for r in self.ablation for k in r if k not in ("recipe", "ms", "long memory", "weak decay")})
+            if other:
+                lines += ["", "## the same recipes at other lengths (H=2, bf16 h0, serial), output / final state", "",
+                          "| recipe | " + " | ".join(other) + " |", "|---|" + "---|" * len(other)]
+                lines += [f"| {r['recipe']} | " + " | ".join(_pair(r.get(k)) for k in other) + " |" for r in self.ablation]
         text = "\n".join(lines) + "\n"
         with open(self.md_path, "w") as f:
             f.write(text)
@@ -88,6 +105,13 @@ def timing(report: Report, iters: int, warmup: int) -> None:
         for mode in MODES:
             row[mode] = bench.time_ms(lambda: call(mode), iters, warmup)
         row["accurate_fp32"] = bench.time_ms(lambda: call("accurate", h0_32, final_32), iters, warmup)
+        if plan.trivial:
+            for mode in MODES:
+                for s in SPLITS:
+                    row[f"{mode} split {s}"] = bench.time_ms(lambda: kda_aot.prefill(
+                        x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+                        initial_state=x["initial_state"], output_final_state=True, cu_seqlens=cu, seq_lens=lens,
+                        out=out, final_state=final, numerics=mode, cp="off", value_split=s), iters, warmup)
         report.timing.append(row)
         report.write()
         print(row, flush=True)
@@ -100,7 +124,27 @@ RECIPES = [("flashkda", "flashkda", None), ("A1: fp32 state", "accurate", 1),
            ("A1-A5 but Q5 takes bf16 U", "accurate", 3), ("accurate (A1-A5)", "accurate", None)]
 
 
-def ablation(report: Report, iters: int, warmup: int) -> None:
+def fla_errors(x, gold):
+    """FLA's chunk_kda (fp32 state, FlashKDA's flags) on reference.make_inputs' inputs: relative
+    RMSE of output and final state against the float64 gold; None when FLA is not importable."""
+    import torch
+
+    from kda_aot import reference
+    try:
+        from fla.ops.kda import chunk_kda
+    except Exception as exc:
+        print(f"FLA not importable: {exc}", flush=True)
+        return None
+    o, s = chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"].float(),
+                     output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                     use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=x["lower_bound"],
+                     state_v_first=True, cu_seqlens=x["cu_seqlens"].long(), A_log=x["A_log"],
+                     dt_bias=x["dt_bias"].reshape(-1))
+    torch.cuda.synchronize()
+    return reference.rel_rmse(o, gold[0]), reference.rel_rmse(s, gold[1])
+
+
+def ablation(report: Report, iters: int, warmup: int, lengths=(8192,), fla: bool = False) -> None:
     import kda_aot
     from kda_aot import bench, planner, reference
 
@@ -118,8 +162,9 @@ def ablation(report: Report, iters: int, warmup: int) -> None:
     inputs = {}
     for cls in ("long memory", "weak decay"):
         g_mean, lb = CLASSES[cls]
-        y = reference.make_inputs([8192], 2, seed=7, device="cuda", state="bf16", g_mean=g_mean, lower_bound=lb)
-        inputs[cls] = (y, reference.gold_prefill(**y))
+        for T in lengths:
+            y = reference.make_inputs([T], 2, seed=7, device="cuda", state="bf16", g_mean=g_mean, lower_bound=lb)
+            inputs[cls if T == 8192 else f"{cls} {T}"] = (y, reference.gold_prefill(**y))
     try:
         for recipe, mode, lvl in RECIPES:
             level["value"] = lvl
@@ -140,6 +185,16 @@ def ablation(report: Report, iters: int, warmup: int) -> None:
     finally:
         planner.plan_serial = plan_serial
         kda_aot.empty_cache()
+    if fla:  # the same inputs through FLA (its final state stays fp32: no bf16 rounding on exit)
+        row = {"recipe": "FLA chunk_kda (fp32 state out)", "ms": float("nan")}
+        for cls, (y, gold) in inputs.items():
+            pair = fla_errors(y, gold)
+            if pair is None:
+                return
+            row[cls] = pair
+        report.ablation.append(row)
+        report.write()
+        print(row, flush=True)
 
 
 def accuracy(report: Report, lengths, fla: bool) -> None:
@@ -169,20 +224,11 @@ def accuracy(report: Report, lengths, fla: bool) -> None:
             print(row, flush=True)
     if not fla:
         return
-    try:
-        from fla.ops.kda import chunk_kda
-    except Exception as exc:
-        print(f"FLA not importable: {exc}", flush=True)
-        return
     for row, x, gold in cases:
         t0 = time.perf_counter()
-        o, s = chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
-                         output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
-                         use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=x["lower_bound"],
-                         state_v_first=True, cu_seqlens=x["cu_seqlens"].long(), A_log=x["A_log"],
-                         dt_bias=x["dt_bias"].reshape(-1))
-        torch.cuda.synchronize()
-        row["fla"] = (reference.rel_rmse(o, gold[0]), reference.rel_rmse(s, gold[1]))
+        row["fla"] = fla_errors(x, gold)
+        if row["fla"] is None:
+            return
         report.write()
         print(row["class"], row["T"], "FLA", row["fla"], f"({time.perf_counter() - t0:.1f} s)", flush=True)
 
@@ -196,13 +242,15 @@ def main(argv=None) -> int:
     parser.add_argument("--no-fla", action="store_true")
     parser.add_argument("--skip-timing", action="store_true")
     parser.add_argument("--skip-ablation", action="store_true")
+    parser.add_argument("--ablation-lengths", type=int, nargs="*", default=[8192],
+                        help="lengths of the ablation's error rows (H=2, one sequence)")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     report = Report(args.out)
     if not args.skip_timing:
         timing(report, args.iters, args.warmup)
     if not args.skip_ablation:
-        ablation(report, args.iters, args.warmup)
+        ablation(report, args.iters, args.warmup, args.ablation_lengths, not args.no_fla)
     accuracy(report, args.lengths, not args.no_fla)
     print(report.write())
     return 0

@@ -18,11 +18,14 @@ from typing import Callable, List, Sequence
 
 SERIAL_SUITE = [(H, lens) for H in (64, 96) for lens in ([8192], [1300, 547, 2048, 963, 271, 3063], [1024] * 8)]
 CP_SUITE = [(H, lens) for H in (4, 8) for lens in ([8192], [8192, 2048], [16384])]
+# The two large rows of the speed issue (about 0.64 ms of memory floor each).
+LARGE_SUITE = [(32, [4096] * 16), (64, [32768])]
 # FlashKDA on the same kind of H200 (FlashKDA's published times, docs/benchmarks.md), for the table's last column.
 FLASHKDA_MS = {(64, "8192"): 1.214, (64, "uneven6"): 0.991, (64, "8x1024"): 0.790,
                (96, "8192"): 1.417, (96, "uneven6"): 1.367, (96, "8x1024"): 1.173,
                (4, "8192"): 0.816, (4, "8192+2048"): 0.821, (4, "16384"): 1.603,
-               (8, "8192"): 0.846, (8, "8192+2048"): 0.856, (8, "16384"): 1.628}
+               (8, "8192"): 0.846, (8, "8192+2048"): 0.856, (8, "16384"): 1.628,
+               (32, "16x4096"): 3.013, (64, "32768"): 4.743}
 
 
 def shape_key(lens: Sequence[int]) -> str:
@@ -106,6 +109,38 @@ def fla_runner(x, cu, H):
     return run
 
 
+def flashkda_runner(x, cu, H, ours):
+    """FlashKDA's own forward (the `flash_kda` package, when a build of it is importable) on the
+    same inputs, called as its users call it: device int64 cu_seqlens, bf16 states. Returns
+    (run, bitwise) where `bitwise` says whether its output and final state equal `ours` (our
+    (out, final_state) on these inputs) bit for bit, the correctness contract; None without FlashKDA."""
+    try:
+        import flash_kda
+    except Exception:
+        return None
+    import torch
+
+    T = x["q"].shape[1]
+    out = torch.empty(1, T, H, 128, dtype=torch.bfloat16, device="cuda")
+    final = torch.empty_like(x["initial_state"])
+    cu64 = cu.long()
+
+    def run():
+        flash_kda.fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5, out, x["A_log"], x["dt_bias"], -5.0,
+                      initial_state=x["initial_state"], final_state=final, cu_seqlens=cu64)
+    try:
+        out.fill_(float("nan"))
+        final.fill_(float("nan"))
+        run()
+        torch.cuda.synchronize()
+    except Exception as exc:  # a FlashKDA version with another signature
+        print(f"  (flash_kda.fwd not comparable here: {exc})", file=sys.stderr)
+        return None
+    bitwise = bool(torch.equal(out.view(torch.int16), ours[0].view(torch.int16))
+                   and torch.equal(final.view(torch.int16), ours[1].view(torch.int16)))
+    return run, bitwise
+
+
 def eager_runner(x, cu, lens, n_sets: int = 4, hint: bool = False):
     """A serving loop's call: device cu_seqlens (and `seq_lens` when `hint`), outputs allocated by
     prefill, inputs cycling through `n_sets` copies so every call sees new pointers."""
@@ -170,7 +205,7 @@ def host_us(fn, calls: int = 100, repeats: int = 7, busy: bool = True) -> float:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kda_aot.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--suite", choices=("serial", "cp", "all"), default="serial")
+    parser.add_argument("--suite", choices=("serial", "cp", "large", "all"), default="serial")
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--value-split", type=int, nargs="*", default=None,
@@ -197,7 +232,8 @@ def main(argv=None) -> int:
 
     import kda_aot
 
-    cases = {"serial": SERIAL_SUITE, "cp": CP_SUITE, "all": SERIAL_SUITE + CP_SUITE}[args.suite]
+    cases = {"serial": SERIAL_SUITE, "cp": CP_SUITE, "large": LARGE_SUITE,
+             "all": SERIAL_SUITE + CP_SUITE + LARGE_SUITE}[args.suite]
     if args.sweep_cp:
         return sweep_cp(args)
     if args.checkpoint_cost:
@@ -211,7 +247,8 @@ def main(argv=None) -> int:
     splits = args.value_split or []
     header = ["H", "sequences", "floor ms", "kernels ms", "eager ms", "eager+seq_lens ms", "graph ms", "plan"] + [
         f"serial split {s} ms" for s in splits] + (
-        ["accurate kernels ms", "accurate / flashkda"] if args.accurate else []) + ["FLA ms", "FlashKDA ms (published, same H200 kind)",
+        ["accurate kernels ms", "accurate / flashkda"] if args.accurate else []) + ["FLA ms", "FlashKDA ms (this run)", "FlashKDA bitwise",
+                                                    "graph vs FlashKDA", "FlashKDA ms (published, same H200 kind)",
                                                     "host us eager / +seq_lens / given buffers"]
     rows = []
     for H, lens in cases:
@@ -235,12 +272,17 @@ def main(argv=None) -> int:
             split_ms += [acc_ms, acc_ms / kernels_ms]
         fla = None if args.no_fla else fla_runner(x, cu, H)
         fla_ms = time_ms(fla, args.iters, args.warmup) if fla else None
+        call()  # `out` and `final` now hold our result on these inputs, for FlashKDA's bitwise check
+        fk = flashkda_runner(x, cu, H, (out, final))
+        fk_ms = time_ms(fk[0], args.iters, args.warmup) if fk else None
+        fk_cells = [fk_ms, ("yes" if fk[1] else "NO") if fk else None,
+                    f"{fk_ms / graph_ms:.2f}x" if fk else None]
         key = shape_key(lens)
         row = [H, key, floor_bytes(H, lens) / bw * 1e3, kernels_ms, eager_ms, hinted_ms, graph_ms, plan_text,
-               *split_ms, fla_ms, FLASHKDA_MS.get((H, key)), " / ".join(f"{h:.1f}" for h in host)]
+               *split_ms, fla_ms, *fk_cells, FLASHKDA_MS.get((H, key)), " / ".join(f"{h:.1f}" for h in host)]
         rows.append(row)
         print("  " + " | ".join(_fmt(c) for c in row), flush=True)
-        x = cu = out = final = eager = hinted = replay = None  # free this shape's tensors before the next one
+        x = cu = out = final = eager = hinted = replay = fla = fk = None  # free this shape's tensors before the next one
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
     table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
