@@ -64,13 +64,19 @@ class Variant:
         }
 
 
+# K2's dispatch order: the sequences longest first, written by the varlen tables kernel (null: the
+# sequence order, for dense inputs and CP segments). docs/dispatch_order.md.
+SEQ_ORDER = ptr("seq_order", "int32", 4)
+
+
 def _seq_tables() -> List[Variant]:
     """Sequence tables (docs/kernel_abi.md) from cu_seqlens of either integer type, clamped to
-    [0, t_total] so any content is safe, or dense."""
+    [0, t_total] so any content is safe (and, varlen, K2's longest-first dispatch order), or dense."""
     tables = (ptr("seq_start", "int32", 4), ptr("tile_prefix", "int32", 4), scalar("n_seq", "i32"))
     variants = [
         Variant(f"seq_tables_{cu}", "varlen_tiles", "seq_tables_varlen",
-                (ptr("cu_seqlens", cu, 8 if cu == "int64" else 4),) + tables + (scalar("t_total", "i32"), STREAM))
+                (ptr("cu_seqlens", cu, 8 if cu == "int64" else 4),) + tables[:2] + (SEQ_ORDER,) + tables[2:]
+                + (scalar("t_total", "i32"), STREAM))
         for cu in ("int32", "int64")
     ]
     variants.append(Variant("seq_tables_dense", "varlen_tiles", "seq_tables_dense",
@@ -120,7 +126,7 @@ def _k2(accurate: bool = False) -> List[Variant]:
             sdt = "float32" if state_fp32 else "bfloat16"
             for vb in VALUE_BLOCKS:
                 args = (ptr("v", "bfloat16"), ptr("out", "bfloat16")) + WORKSPACE_ARGS + SEQ_ARGS + (
-                        ptr("initial_state", sdt), ptr("final_state", sdt)) + SIZE_ARGS + (STREAM,)
+                        SEQ_ORDER, ptr("initial_state", sdt), ptr("final_state", sdt)) + SIZE_ARGS + (STREAM,)
                 variants.append(Variant(
                     k2_name(has_initial, has_final, state_fp32, vb, accurate), "k2_recurrence", "k2_recurrence", args,
                     constants=(("has_initial", has_initial), ("has_final", has_final),
@@ -205,7 +211,7 @@ def _k2_ext() -> List[Variant]:
             fp32 = dtype == "float32"
             for vb in VALUE_BLOCKS:
                 args = (ptr("v", "bfloat16"), ptr("out", "bfloat16")) + WORKSPACE_ARGS + SEQ_ARGS + (
-                        ptr("initial_state", "float32" if segments else dtype), ptr("final_state", dtype),
+                        SEQ_ORDER, ptr("initial_state", "float32" if segments else dtype), ptr("final_state", dtype),
                         ptr("final_slot", "int32", 4), ptr("state_index", "int32", 4), ptr("checkpoints", dtype),
                         ptr("real_seq_start", "int32", 4), scalar("slot_stride", "i64"), scalar("n_pool", "i32"),
                         scalar("checkpoint_every", "i32"), scalar("n_real", "i32")) + SIZE_ARGS + (STREAM,)

@@ -384,6 +384,23 @@ def device_seq_tables(cu: Sequence[int], t_total: int) -> Tuple[List[int], List[
     return c, prefix
 
 
+def dispatch_key(tiles: int) -> int:
+    """Twin of varlen_tiles.length_bucket: K2's dispatch-order key of a sequence of `tiles` tiles
+    (0 for the longest; exact below 4 tiles, then four keys per octave, one key from 2^16 tiles)."""
+    f = tiles if tiles < 4 else 4 * (tiles.bit_length() - 1) + ((tiles >> (tiles.bit_length() - 3)) & 3)
+    return 63 - min(f, 63)
+
+
+def is_dispatch_order(order: Sequence[int], tile_prefix: Sequence[int]) -> bool:
+    """Whether `order` is what the varlen tables kernel may write as seq_order: a permutation of the
+    sequences with non-decreasing dispatch_key (longest first; ties in any order)."""
+    n = len(tile_prefix) - 1
+    if sorted(order) != list(range(n)):
+        return False
+    keys = [dispatch_key(tile_prefix[i + 1] - tile_prefix[i]) for i in order]
+    return all(a <= b for a, b in zip(keys, keys[1:]))
+
+
 def dense_cu(n_seq: int, seq_len: int) -> List[int]:
     """The cu_seqlens a dense [B, T] input stands for: the dense kernel variants compute the
     twin of device_segment_tables(dense_cu(B, T), B * T, ...)."""

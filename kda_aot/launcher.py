@@ -57,10 +57,12 @@ def _workspace_args(off) -> dict:
     return {f"ws_{name}": ws(off[name]) for name in WS_REGIONS}
 
 
-def _sequence_tables(prog: Program, problem: Problem, off, n_seq: int) -> None:
+def _sequence_tables(prog: Program, problem: Problem, off, n_seq: int, order: bool = True) -> None:
+    """The sequence tables; varlen also K2's longest-first dispatch order (`order`: in off["seq_order"])."""
     tables = dict(seq_start=ws(off["seq_start"]), tile_prefix=ws(off["tile_prefix"]), n_seq=n_seq, stream=STREAM)
     if problem.varlen:
         prog.add(f"seq_tables_{problem.cu_dtype}", dict(tables, cu_seqlens=Ref("cu_seqlens"),
+                                                        seq_order=ws(off["seq_order"]) if order else NULL,
                                                         t_total=problem.B * problem.T))
     else:
         prog.add("seq_tables_dense", dict(tables, seq_len=problem.T))
@@ -102,6 +104,12 @@ def workspace_bytes(problem: Problem, seg: Optional[Segmentation]) -> int:
     if seg is None:
         return serial_layout(problem).nbytes
     return cp_problem_layout(problem, seg).nbytes
+
+
+def _seq_order(problem: Problem, off):
+    """K2's dispatch order: the tables kernel's longest-first order (varlen), or null (dense: equal
+    lengths, the sequence order is as good)."""
+    return ws(off["seq_order"]) if problem.varlen else NULL
 
 
 def uses_k2_ext(problem: Problem) -> bool:
@@ -161,14 +169,15 @@ def serial_launch(lib: KernelLibrary, problem: Problem, sm_count: int, value_spl
     if uses_k2_ext(problem):
         prog.add(f"k2_ext_{_ext_dtype(problem)}_vb{plan.k2_constants['value_block']}", dict(
             v=Ref("v"), out=Ref("out"), **_workspace_args(off), seq_start=ws(off["seq_start"]),
-            tile_prefix=ws(off["tile_prefix"]), final_slot=NULL, real_seq_start=ws(off["seq_start"]),
+            tile_prefix=ws(off["tile_prefix"]), seq_order=_seq_order(problem, off), final_slot=NULL,
+            real_seq_start=ws(off["seq_start"]),
             **_k2_ext_args(problem, None), t_total=problem.B * problem.T, n_seq=problem.N, n_heads=problem.H,
             cap=cap, stream=STREAM))
         return Launch(prog.finish(), layout.nbytes, "serial")
     k2 = planner.select_variant(lib.kernels.values(), "k2_recurrence", plan.k2_constants)
     prog.add(k2.name, dict(
         v=Ref("v"), out=Ref("out"), **_workspace_args(off), seq_start=ws(off["seq_start"]),
-        tile_prefix=ws(off["tile_prefix"]),
+        tile_prefix=ws(off["tile_prefix"]), seq_order=_seq_order(problem, off),
         initial_state=Ref("initial_state") if problem.has_initial else NULL,
         final_state=Ref("final_state") if problem.has_final else NULL,
         t_total=problem.B * problem.T, n_seq=problem.N, n_heads=problem.H, cap=cap, stream=STREAM))
@@ -207,7 +216,7 @@ def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count:
         # the sequences' own tables: the index table and the segments' checkpoint positions count
         # tokens from where each sequence starts
         _sequence_tables(prog, problem, dict(seq_start=off["real_seq_start"], tile_prefix=off["real_tile_prefix"]),
-                         N)
+                         N, order=False)
         _checkpoint_index(prog, problem, ws(off["real_seq_start"]))
     _k1(prog, problem, off, S, cap)
     seg_tables = dict(seq_start=ws(off["seq_start"]), tile_prefix=ws(off["tile_prefix"]))
@@ -236,13 +245,13 @@ def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count:
     if uses_k2_ext(problem):
         real = off["real_seq_start"] if problem.checkpoint_every else off["seq_start"]
         prog.add(f"k2_ext_segments_{_ext_dtype(problem)}_vb{vb}", dict(
-            common, final_slot=ws(off["final_slot"]), real_seq_start=ws(real),
+            common, seq_order=NULL, final_slot=ws(off["final_slot"]), real_seq_start=ws(real),
             **_k2_ext_args(problem, ws(off["carries"])), **sizes))
     elif not problem.has_final:
         k2 = planner.select_variant(lib.kernels.values(), "k2_recurrence",
                                     {"has_initial": True, "has_final": False, "state_fp32": True, "value_block": vb,
                                      "accurate": accurate, "ablation": 0})
-        prog.add(k2.name, dict(common, initial_state=ws(off["carries"]), final_state=NULL, **sizes))
+        prog.add(k2.name, dict(common, seq_order=NULL, initial_state=ws(off["carries"]), final_state=NULL, **sizes))
     else:
         dtype = "f32" if problem.state_dtype == "float32" else "bf16"
         prog.add(f"k2_segments_{dtype}_vb{vb}{acc}", dict(

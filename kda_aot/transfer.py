@@ -30,7 +30,7 @@ from . import planner
 from .abi_constants import D
 from .launcher import WS_REGIONS, gate_constant
 from .loader import KernelLibrary
-from .program import STREAM, Program, Ref, ws
+from .program import NULL, STREAM, Program, Ref, ws
 from .workspace import workspace_layout
 
 STATE_FLOATS = D * D
@@ -54,7 +54,8 @@ def transfer_program(lib: KernelLibrary, device_id: int, n_heads: int, t_local: 
     off = layout.pointers(0)
     tables = dict(seq_start=ws(off["seq_start"]), tile_prefix=ws(off["tile_prefix"]))
     prog = Program(lib, device_id)
-    prog.add("seq_tables_int32", dict(tables, cu_seqlens=Ref("cu_seqlens"), n_seq=S, t_total=t_local, stream=STREAM))
+    prog.add("seq_tables_int32", dict(tables, cu_seqlens=Ref("cu_seqlens"), seq_order=NULL, n_seq=S, t_total=t_local,
+                                      stream=STREAM))
     prog.add("k1_prepare", dict(
         q=Ref("q"), k=Ref("k"), g=Ref("g"), beta=Ref("beta"), a_log=Ref("A_log"), dt_bias=Ref("dt_bias"), **tables,
         **{f"ws_{name}": ws(off[name]) for name in WS_REGIONS}, t_total=t_local, n_seq=S, n_heads=H, cap=cap,

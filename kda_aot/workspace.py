@@ -32,11 +32,12 @@ class WorkspaceLayout:
 
 
 def workspace_layout(n_heads: int, tile_capacity: int, n_seq: int) -> WorkspaceLayout:
-    """Regions for the sequence tables (int32 [N+1] each) and the per-(head, tile) quantities."""
+    """Regions for the sequence tables (int32 [N+1] each), K2's dispatch order (int32 [N]) and the
+    per-(head, tile) quantities."""
     regions: Dict[str, Tuple[int, int]] = {}
     offset = 0
     table = 4 * (n_seq + 1)
-    for name, nbytes in [("seq_start", table), ("tile_prefix", table)] + [
+    for name, nbytes in [("seq_start", table), ("tile_prefix", table), ("seq_order", 4 * n_seq)] + [
             (name, n_heads * tile_capacity * per_slot) for name, per_slot in SLOT_BYTES]:
         regions[name] = (offset, nbytes)
         offset = _round_up(offset + nbytes)

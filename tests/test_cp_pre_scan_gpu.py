@@ -76,7 +76,7 @@ class _Problem:
         self.p = p = layout.pointers(self.ws.data_ptr())
         self.stream = torch.cuda.current_stream().cuda_stream
         cu = torch.tensor(self.seg_cu, dtype=torch.int32, device="cuda")
-        lib.kernel("seq_tables_int32")(cu.data_ptr(), p["seq_start"], p["tile_prefix"], self.n_seg, self.T,
+        lib.kernel("seq_tables_int32")(cu.data_ptr(), p["seq_start"], p["tile_prefix"], 0, self.n_seg, self.T,
                                        self.stream)
         lib.kernel("k1_prepare")(x["q"].data_ptr(), x["k"].data_ptr(), x["g"].data_ptr(), x["beta"].data_ptr(),
                                  x["A_log"].data_ptr(), x["dt_bias"].data_ptr(), p["seq_start"], p["tile_prefix"],
@@ -116,7 +116,7 @@ class _Problem:
         """K2 variant `name` over the given (device) tables; returns the fp32 final states."""
         out = torch.empty_like(self.x["v"])
         final = torch.full((n_seq, self.H, D, D), float("nan"), dtype=torch.float32, device="cuda")
-        self.lib.kernel(name)(self.x["v"].data_ptr(), out.data_ptr(), *self.ws_ptrs(), seq_start, tile_prefix,
+        self.lib.kernel(name)(self.x["v"].data_ptr(), out.data_ptr(), *self.ws_ptrs(), seq_start, tile_prefix, 0,
                               initial.data_ptr() if initial is not None else 0, final.data_ptr(), self.T, n_seq,
                               self.H, self.cap, self.stream)
         torch.cuda.synchronize()

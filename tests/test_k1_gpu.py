@@ -35,7 +35,8 @@ def _run_k1(lib, x):
     p = layout.pointers(ws.data_ptr())
     stream = torch.cuda.current_stream().cuda_stream
     if varlen:
-        lib.kernel("seq_tables_int32")(cu.data_ptr(), p["seq_start"], p["tile_prefix"], N, B * T, stream)
+        lib.kernel("seq_tables_int32")(cu.data_ptr(), p["seq_start"], p["tile_prefix"], p["seq_order"], N, B * T,
+                                       stream)
     else:
         lib.kernel("seq_tables_dense")(p["seq_start"], p["tile_prefix"], N, T, stream)
     lib.kernel("k1_prepare")(q.data_ptr(), x["k"].data_ptr(), x["g"].data_ptr(), x["beta"].data_ptr(),

@@ -69,7 +69,7 @@ def test_no_driver_gives_a_clear_error():
         assert exc.code in (35, 100, 999, 3)  # insufficient driver / no device / unknown / init
         assert "querying CUDA devices" in str(exc) and exc.cuda_name.startswith("cuda")
         with pytest.raises(loader.CudaError, match=r"loading kernel seq_tables_int32: .*CUDA error"):
-            lib.kernel("seq_tables_int32")(0, 0, 0, 1, 0, 0)
+            lib.kernel("seq_tables_int32")(0, 0, 0, 0, 1, 0, 0)
     else:
         pytest.skip(f"a driver is present ({count} devices)")
 

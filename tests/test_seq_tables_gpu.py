@@ -37,11 +37,16 @@ def _run_varlen(cu_values, t_total, cu_dtype):
     n = len(cu_values) - 1
     start = torch.full((n + 1 + GUARD,), POISON, dtype=torch.int32, device="cuda")
     prefix = torch.full((n + 1 + GUARD,), POISON, dtype=torch.int32, device="cuda")
+    order = torch.full((n + GUARD,), POISON, dtype=torch.int32, device="cuda")
     name = "seq_tables_int32" if cu_dtype == torch.int32 else "seq_tables_int64"
-    get_library().kernel(name)(cu.data_ptr(), start.data_ptr(), prefix.data_ptr(), n, t_total,
+    get_library().kernel(name)(cu.data_ptr(), start.data_ptr(), prefix.data_ptr(), order.data_ptr(), n, t_total,
                                torch.cuda.current_stream().cuda_stream)
-    start, prefix = start.cpu().numpy(), prefix.cpu().numpy()
+    start, prefix, order = start.cpu().numpy(), prefix.cpu().numpy(), order.cpu().numpy()
     assert (start[n + 1:] == POISON).all() and (prefix[n + 1:] == POISON).all(), "write past the tables"
+    assert (order[n:] == POISON).all(), "write past seq_order"
+    # K2's dispatch order: every sequence once, longest first (by the kernel's bucketed key)
+    assert cp_plan.is_dispatch_order(order[:n].tolist(), prefix[:n + 1].tolist()), \
+        f"seq_order {order[:min(n, 16)].tolist()}.. is not longest-first for tile_prefix {prefix[:16].tolist()}.."
     return start[:n + 1], prefix[:n + 1]
 
 

@@ -60,8 +60,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64, Float32
 
-from .ptx_ops import (add_rn, ldg_bf16_pair, ldg_f32, ldg_f32_pair_bf16, lds_b32, lds_bf16_f32, lds_f32, ldsm_x4,
-                      ldsm_x4_t, mma_bf16_16816, pack_bf16x2, round_bf16x2, select_b32, stg_b32_if, stg_bf16_pair,
+from .ptx_ops import (add_rn, ldg_b32, ldg_bf16_pair, ldg_f32, ldg_f32_pair_bf16, lds_b32, lds_bf16_f32, lds_f32,
+                      ldsm_x4, ldsm_x4_t, mma_bf16_16816, pack_bf16x2, round_bf16x2, select_b32, stg_b32_if, stg_bf16_pair,
                       stg_f32, stg_f32_pair_from_bf16, sts_b32, unpack_bf16x2)
 from .recurrence_common import (BSIG_BYTES, GT_BYTES, HEAD_ROW_BYTES, SQ_BYTES, STAGES, TILE_BYTES, alloc_ring,
                                 init_ring, mma_split, mma_state_update, mma_warps, produce_tiles, solve_u_fragment,
@@ -154,7 +154,7 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
                inv_ptr: Int64, mqk_ptr: Int64, bsig_ptr: Int64, mStart: cute.Tensor, mPrefix: cute.Tensor,
                init_ptr: Int64, final_ptr: Int64, mSlot: cute.Tensor, n_heads: Int32, cap: Int32,
                idx_ptr: Int64, slot_stride: Int64, n_pool: Int32, ck_ptr: Int64, ck_every: Int32,
-               mSeqStart: cute.Tensor, n_real: Int32,
+               mSeqStart: cute.Tensor, n_real: Int32, order_ptr: Int64,
                has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
                state_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int],
                final_fp32: cutlass.Constexpr[bool], final_slots: cutlass.Constexpr[bool],
@@ -168,8 +168,16 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
     VSTR = v_stride(VB)
     SB = stage_bytes(VB)
 
-    n, h, vblk = cute.arch.block_idx()
+    # One CTA per (sequence, head) pair on grid x, sequence-major, the value block on z: the GPU
+    # starts CTAs about in block order, so all heads of a sequence start together and, through
+    # seq_order (the tables kernel's longest-first order; 0: identity, for segments and dense
+    # inputs), the longest sequences start first (docs/dispatch_order.md).
+    pair, _, vblk = cute.arch.block_idx()
+    h = pair % n_heads
+    n = pair // n_heads
     await_previous_grid()
+    if order_ptr != Int64(0):
+        n = ldg_b32(order_ptr + Int64(n) * 4)
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
     lane = cute.arch.lane_idx()
 
@@ -381,14 +389,15 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
 @cute.jit
 def k2_recurrence(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: cute.Pointer,
                   ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer, ws_mqk: cute.Pointer,
-                  ws_bsig: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer,
+                  ws_bsig: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer, seq_order: cute.Pointer,
                   initial_state: cute.Pointer, final_state: cute.Pointer, t_total: Int32, n_seq: Int32,
                   n_heads: Int32, cap: Int32, stream: cuda.CUstream,
                   has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
                   state_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int],
                   accurate: cutlass.Constexpr[bool] = False, ablation: cutlass.Constexpr[int] = 0):
     """K2 host entry: v/out [T_total, H, 128] bf16, workspace regions (docs/kernel_abi.md), sequence
-    tables [n_seq + 1] int32, states [n_seq, H, 128, 128] (V x K). t_total is not needed by the
+    tables [n_seq + 1] int32, seq_order [n_seq] int32 (the dispatch order; null: sequence order),
+    states [n_seq, H, 128, 128] (V x K). t_total is not needed by the
     kernel (every access is bounded by seq_start). accurate: numerics="accurate" (docs/numerics.md);
     ablation: a partial accurate recipe, for the measurement only (recurrence_common.py, level)."""
     assert value_block in (128, 64, 32)
@@ -398,8 +407,9 @@ def k2_recurrence(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd
                cute.make_tensor(tile_prefix, table), initial_state.toint(), final_state.toint(),
                cute.make_tensor(seq_start, table), n_heads, cap,
                Int64(0), Int64(0), Int32(0), Int64(0), Int32(0), cute.make_tensor(seq_start, table), n_seq,
+               seq_order.toint(),
                has_initial, has_final, state_fp32, value_block, state_fp32, False, False, accurate, ablation).launch(
-        grid=(n_seq, n_heads, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream,
+        grid=(n_seq * n_heads, 1, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream,
         use_pdl=True)
 
 
@@ -422,15 +432,16 @@ def k2_segments(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: 
                cute.make_tensor(seg_prefix, table), carries.toint(), final_state.toint(),
                cute.make_tensor(final_slot, cute.make_layout(n_seg)), n_heads, cap,
                Int64(0), Int64(0), Int32(0), Int64(0), Int32(0), cute.make_tensor(seg_start, table), n_seg,
+               Int64(0),
                True, True, True, value_block, final_fp32, True, False, accurate, 0).launch(
-        grid=(n_seg, n_heads, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream,
+        grid=(n_seg * n_heads, 1, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream,
         use_pdl=True)
 
 
 @cute.jit
 def k2_ext(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: cute.Pointer, ws_kr: cute.Pointer,
            ws_gt: cute.Pointer, ws_inv: cute.Pointer, ws_mqk: cute.Pointer, ws_bsig: cute.Pointer,
-           seq_start: cute.Pointer, tile_prefix: cute.Pointer, initial_state: cute.Pointer,
+           seq_start: cute.Pointer, tile_prefix: cute.Pointer, seq_order: cute.Pointer, initial_state: cute.Pointer,
            final_state: cute.Pointer, final_slot: cute.Pointer, state_index: cute.Pointer,
            checkpoints: cute.Pointer, real_seq_start: cute.Pointer, slot_stride: Int64, n_pool: Int32,
            checkpoint_every: Int32, n_real: Int32, t_total: Int32, n_seq: Int32, n_heads: Int32, cap: Int32,
@@ -446,7 +457,8 @@ def k2_ext(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: cute.
     means no entry read / no final write. checkpoints (null: none) [T // C, H, 128, 128] receives,
     for every full tile ending at token e with (e - start of its sequence) % C == 0, the state at
     slot e // C - 1; real_seq_start [n_real + 1] (the sequence tables) tells a segment where its
-    sequence starts."""
+    sequence starts. seq_order [n_seq] (null: sequence order) is the dispatch order of the serial
+    call's sequences."""
     assert value_block in (128, 64, 32)
     table = cute.make_layout(n_seq + 1)
     _k2_kernel(v.toint(), out.toint(), ws_qd.toint(), ws_kd.toint(), ws_kr.toint(), ws_gt.toint(),
@@ -454,7 +466,7 @@ def k2_ext(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: cute.
                cute.make_tensor(tile_prefix, table), initial_state.toint(), final_state.toint(),
                cute.make_tensor(final_slot, cute.make_layout(n_seq)), n_heads, cap,
                state_index.toint(), slot_stride, n_pool, checkpoints.toint(), checkpoint_every,
-               cute.make_tensor(real_seq_start, cute.make_layout(n_real + 1)), n_real,
+               cute.make_tensor(real_seq_start, cute.make_layout(n_real + 1)), n_real, seq_order.toint(),
                True, True, state_fp32, value_block, final_fp32, segments, True, False, 0).launch(
-        grid=(n_seq, n_heads, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream,
+        grid=(n_seq * n_heads, 1, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream,
         use_pdl=True)

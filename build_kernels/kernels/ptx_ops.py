@@ -352,6 +352,13 @@ def sts_b32(addr: Int32, val: Int32, *, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
+def atom_add_shared(addr: Int32, val: Int32, *, loc=None, ip=None) -> Int32:
+    """Atomic add to a 32-bit shared word; returns the old value."""
+    return Int32(_asm([T.i32()], [_ir(addr, Int32, loc, ip), _ir(val, Int32, loc, ip)],
+                      "atom.shared.add.u32 $0, [$1], $2;", "=r,r,r", True, loc, ip))
+
+
+@dsl_user_op
 def sts_v2_b32(saddr: Int32, a: Int32, b: Int32, *, loc=None, ip=None) -> None:
     _asm([], [_ir(saddr, Int32, loc, ip), _ir(a, Int32, loc, ip), _ir(b, Int32, loc, ip)],
          "st.shared.v2.b32 [$0], {$1, $2};", "r,r,r", True, loc, ip)
@@ -413,6 +420,11 @@ def ldg_f32_pair_bf16(addr0: Int64, addr1: Int64, *, loc=None, ip=None) -> Int32
 def stg_f32(addr: Int64, val: Float32, *, loc=None, ip=None) -> None:
     _asm([], [_ir(addr, Int64, loc, ip), _ir(val, Float32, loc, ip)], "st.global.f32 [$0], $1;", "l,f", True,
          loc, ip)
+
+
+@dsl_user_op
+def stg_b32(addr: Int64, val: Int32, *, loc=None, ip=None) -> None:
+    _asm([], [_ir(addr, Int64, loc, ip), _ir(val, Int32, loc, ip)], "st.global.b32 [$0], $1;", "l,r", True, loc, ip)
 
 
 @dsl_user_op

@@ -15,6 +15,15 @@ index of its tile j is tile_prefix[n] + j).
 
 Dense (`seq_tables_dense`): seq_start[n] = n*T, nothing to clamp (the host knows the shape).
 
+Dispatch order (varlen, `seq_order` non-null): K2 runs one CTA per (sequence, head, value block)
+and the GPU starts CTAs roughly in block-index order, so with uneven lengths the longest
+sequences should start first (longest-processing-time-first; docs/dispatch_order.md has the
+measurement). The kernel writes seq_order[0..N) = the sequence indices, longest first, by a
+counting sort on a 64-bucket key of the tile count (`length_bucket`: exact below 4 tiles, then 4
+buckets per octave, so sequences within about 19% of each other may come in either order; the
+order only decides which CTA starts when, never what a CTA computes, so results stay
+bit-identical whatever order the atomics give).
+
 One CTA of THREADS threads walks the sequences in blocks of THREADS: warp-level inclusive scans
 with shuffles, the warp results through shared memory, and a running carry across blocks (a max
 for the clamped starts, a sum for the tiles). A single CTA is enough: N is at most a few thousand
@@ -24,12 +33,58 @@ sequences and the kernel is one pass over 8 bytes each.
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32
+from cutlass import Int32, Int64
 
+from .ptx_ops import atom_add_shared, lds_b32, stg_b32, sts_b32
 from .tile_ops import CHUNK, await_previous_grid, block_scan, clamp_token, tile_count
 
 THREADS = 256
 WARPS = THREADS // 32
+BUCKETS = 64  # sort keys of length_bucket
+
+
+@cute.jit
+def length_bucket(tiles: Int32) -> Int32:
+    """Sort key of a sequence of `tiles` tiles, 0 for the longest: 63 - f(tiles) with f monotone,
+    f(t) = t for t < 4, else 4 floor(log2 t) + the two bits below the leading one (t >= 2^16: 63)."""
+    top = Int32(0)  # floor(log2 t) for t >= 1
+    for k in cutlass.range_constexpr(1, 16):
+        if tiles >= (1 << k):
+            top = Int32(k)
+    f = tiles
+    if tiles >= 4:
+        f = 4 * top + ((tiles >> (top - 2)) & 3)
+    if tiles >= (1 << 16):
+        f = Int32(BUCKETS - 1)
+    return (BUCKETS - 1) - f
+
+
+@cute.jit
+def longest_first_order(mPrefix: cute.Tensor, order_ptr: Int64, n_seq: Int32, tidx: Int32, hist: Int32):
+    """seq_order[0..n_seq) = sequence indices by length_bucket (longest first): a shared-memory
+    histogram of the keys, its exclusive scan, then each sequence takes the next place of its
+    bucket. `hist` is the shared address of BUCKETS words; the tables in mPrefix are complete (the
+    caller synced the CTA after writing them)."""
+    if tidx < BUCKETS:
+        sts_b32(hist + 4 * tidx, Int32(0))
+    cute.arch.barrier()
+    for base in cutlass.range(0, n_seq, THREADS, unroll=1):
+        i = base + tidx
+        if i < n_seq:
+            atom_add_shared(hist + 4 * length_bucket(mPrefix[i + 1] - mPrefix[i]), Int32(1))
+    cute.arch.barrier()
+    if tidx == 0:  # 64 words: a serial exclusive scan is shorter than a parallel one
+        run = Int32(0)
+        for b in cutlass.range_constexpr(BUCKETS):
+            c = lds_b32(hist + 4 * b)
+            sts_b32(hist + 4 * b, run)
+            run = run + c
+    cute.arch.barrier()
+    for base in cutlass.range(0, n_seq, THREADS, unroll=1):
+        i = base + tidx
+        if i < n_seq:
+            place = atom_add_shared(hist + 4 * length_bucket(mPrefix[i + 1] - mPrefix[i]), Int32(1))
+            stg_b32(order_ptr + Int64(place) * 4, i)
 
 
 @cute.kernel
@@ -80,8 +135,8 @@ def _seq_tables_kernel(mCu: cute.Tensor, mStart: cute.Tensor, mPrefix: cute.Tens
 
 
 @cute.kernel
-def _clamped_tables_kernel(mCu: cute.Tensor, mStart: cute.Tensor, mPrefix: cute.Tensor, n_seq: Int32,
-                           t_total: Int32):
+def _clamped_tables_kernel(mCu: cute.Tensor, mStart: cute.Tensor, mPrefix: cute.Tensor, order_ptr: Int64,
+                           n_seq: Int32, t_total: Int32):
     tidx, _, _ = cute.arch.thread_idx()
     lane = cute.arch.lane_idx()
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -90,6 +145,7 @@ def _clamped_tables_kernel(mCu: cute.Tensor, mStart: cute.Tensor, mPrefix: cute.
     smem = cutlass.memory.SmemAllocator()
     sWarpMax = smem.allocate_tensor(Int32, cute.make_layout(WARPS), byte_alignment=16)
     sWarpTotal = smem.allocate_tensor(Int32, cute.make_layout(WARPS), byte_alignment=16)
+    sHist = smem.allocate(BUCKETS * 4, byte_alignment=16)
 
     first = clamp_token(mCu[0], t_total)  # c[0]: where sequence 0 starts
     if tidx == 0:
@@ -114,16 +170,20 @@ def _clamped_tables_kernel(mCu: cute.Tensor, mStart: cute.Tensor, mPrefix: cute.
             mPrefix[i + 1] = upto
         # Both warp arrays are overwritten by the next block.
         cute.arch.barrier()
+    # The barrier above also makes every thread's tile_prefix entries visible to the whole CTA.
+    if order_ptr != Int64(0):
+        longest_first_order(mPrefix, order_ptr, n_seq, tidx, sHist.toint())
 
 
 @cute.jit
-def seq_tables_varlen(cu_seqlens: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer, n_seq: Int32,
-                      t_total: Int32, stream: cuda.CUstream):
+def seq_tables_varlen(cu_seqlens: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer,
+                      seq_order: cute.Pointer, n_seq: Int32, t_total: Int32, stream: cuda.CUstream):
     """cu_seqlens int32/int64 [n_seq + 1] (any content) -> seq_start, tile_prefix int32 [n_seq + 1],
-    clamped to tokens [0, t_total) (module docstring); t_total >= 0 is the token count of q."""
+    clamped to tokens [0, t_total) (module docstring); t_total >= 0 is the token count of q.
+    seq_order int32 [n_seq] (null: not written): the sequences longest first, K2's dispatch order."""
     table = cute.make_layout(n_seq + 1)
     _clamped_tables_kernel(cute.make_tensor(cu_seqlens, table), cute.make_tensor(seq_start, table),
-                           cute.make_tensor(tile_prefix, table), n_seq, t_total).launch(
+                           cute.make_tensor(tile_prefix, table), seq_order.toint(), n_seq, t_total).launch(
         grid=(1, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True)
 
 
