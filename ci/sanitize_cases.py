@@ -42,6 +42,8 @@ CASES = {
     "serial-fp32": lambda: run([300, 17], 2, "fp32"),
     "dense-fp32": lambda: run(None, 2, "fp32", dense=(2, 100)),
     "varlen-empty-and-1-token": lambda: run([0, 1, 40, 0, 1], 2, "bf16"),
+    # K2's longest-first dispatch order over several length buckets (varlen_tiles.longest_first_order)
+    "varlen-longest-first": lambda: run([17, 300, 0, 1300, 45, 700, 300], 3, "fp32"),
     "cp-on": lambda: run([1200], 2, "fp32", cp="on"),
     "cp-2": lambda: run([1200], 2, "bf16", cp=2),
     "cp-4": lambda: run([1200, 300], 2, None, cp=4),
