@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Which limit each benchmark row hits: Nsight Compute's duration, DRAM bytes and throughput of
 # every kernel of one prefill call per shape (the third call; the first two warm up), then
-# ci/ncu_limits.py turns them into a table of each kernel's time against its DRAM floor.
+# ci/ncu_limits.py turns them into a table of each kernel's time against its DRAM floor. Clocks are
+# left as the GPU sets them (--clock-control none): Nsight Compute's default locks the base clock,
+# which made K1 and K2 18-29% slower than in the benchmark (docs/speed_limits.md).
 #   bash ci/ncu_limits.sh [wheel] [--quick]      (--quick: the first three shapes only)
 # Writes $OUT/ncu_limits.csv (raw) and $OUT/limits.md (the table). Time-bounded per shape.
 set -uo pipefail
@@ -27,7 +29,7 @@ CSV="$OUT/ncu_limits.csv"
 : > "$CSV"
 for shape in "${SHAPES[@]}"; do
   echo "# shape $shape" >> "$CSV"
-  timeout --signal=KILL 150 /usr/local/cuda/bin/ncu --profile-from-start off --metrics "$METRICS" --csv --print-units base \
+  timeout --signal=KILL 150 /usr/local/cuda/bin/ncu --profile-from-start off --clock-control none --metrics "$METRICS" --csv --print-units base \
     --page raw python3 "$SITE/_limits_driver.py" $shape >> "$CSV" 2>> "$OUT/ncu_limits.err"
 done
 python3 "$REPO/ci/ncu_limits.py" "$CSV" | tee "$OUT/limits.md"
