@@ -299,3 +299,28 @@ def test_plan_is_frozen():
     plan = plan_prefill([8192], 4, sm_count=132)
     with pytest.raises(AttributeError):
         plan.seg_cu = ()
+
+
+def test_dispatch_key_is_monotone_and_fits_64_buckets():
+    """The CPU twin of varlen_tiles.length_bucket (K2's longest-first order, docs/dispatch_order.md)."""
+    keys = [cp_plan.dispatch_key(t) for t in range(0, 70000)]
+    assert all(a >= b for a, b in zip(keys, keys[1:])), "longer sequences must never get a larger key"
+    assert keys[:4] == [63, 62, 61, 60] and keys[4] < 60  # exact below 4 tiles
+    # 64 buckets, of which 60 are used: 0-3 tiles take 63-60, then four per octave from 4 tiles (55 down)
+    assert set(keys) == set(range(56)) | {60, 61, 62, 63}
+    assert cp_plan.dispatch_key(2 ** 16) == cp_plan.dispatch_key(2 ** 30) == 0
+    # four keys per octave: within an octave, lengths a quarter apart get different keys
+    assert len({cp_plan.dispatch_key(t) for t in (64, 80, 96, 112)}) == 4
+
+
+def test_is_dispatch_order_accepts_longest_first_with_ties_in_any_order():
+    lengths_in_tiles = [82, 35, 128, 61, 17, 192, 128]
+    prefix = [0]
+    for t in lengths_in_tiles:
+        prefix.append(prefix[-1] + t)
+    assert cp_plan.is_dispatch_order([5, 2, 6, 0, 3, 1, 4], prefix)
+    assert cp_plan.is_dispatch_order([5, 6, 2, 0, 3, 1, 4], prefix)  # 2 and 6 tie
+    assert not cp_plan.is_dispatch_order([4, 1, 3, 0, 2, 6, 5], prefix)  # shortest first
+    assert not cp_plan.is_dispatch_order([5, 2, 2, 0, 3, 1, 4], prefix)  # not a permutation
+    assert not cp_plan.is_dispatch_order([5, 2, 6, 0, 3, 1], prefix)  # one missing
+    assert cp_plan.is_dispatch_order([], [0])
