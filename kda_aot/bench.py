@@ -1,6 +1,7 @@
-"""Benchmark: kda_aot.prefill against the memory floor and, when importable, FLA's chunk_kda.
+"""Benchmark: kda_aot.prefill against the memory floor and, when importable, FLA's chunk_kda and
+FlashKDA (`flash_kda`, built from its public source; its output is checked bit for bit against ours).
 
-    python -m kda_aot.bench [--suite serial|cp|all] [--iters 100] [--warmup 20] [--md FILE] [--accurate]
+    python -m kda_aot.bench [--suite serial|cp|large|all] [--iters 100] [--warmup 20] [--md FILE] [--accurate]
 
 Method (docs/benchmarks.md; inputs of docs/algorithm.md §5.2): random inputs (q, k, v, g, beta ~ N(0,1) bf16, A_log and
 dt_bias ~ U(0,1), lower_bound -5), bf16 initial and final state, median of `iters` CUDA-event
