@@ -47,55 +47,6 @@ RECIPE_FLOOR = 1e-5
 CPU_RECIPE_BOUND = 1e-2
 
 
-class _KernelApprox:
-    """The kernels' PTX approximations (ex2.approx.ftz, tanh.approx, rsqrt.approx.ftz) run by the
-    library's approx_* kernels, and fp32-accumulated tensor-core products, for the torch
-    reference's `approx=` hook: with them the reference rounds exactly as the kernels do."""
-
-    def __init__(self, lib):
-        self.lib = lib
-
-    def _run(self, name, x):
-        import torch
-
-        x32 = x.float().contiguous()
-        y = torch.empty_like(x32)
-        if x32.numel():
-            self.lib.kernel(name)(x32.data_ptr(), y.data_ptr(), x32.numel(),
-                                  torch.cuda.current_stream().cuda_stream)
-        return y
-
-    def ex2(self, x):
-        return self._run("approx_ex2", x)
-
-    def tanh(self, x):
-        return self._run("approx_tanh", x)
-
-    def rsqrt(self, x):
-        return self._run("approx_rsqrt", x)
-
-    def mm(self, a, b):
-        import torch
-
-        # The kernels multiply bf16 operands (fp16 for the inverse's factors) with fp32
-        # accumulation; torch.bmm with out_dtype does the same on tensor cores. The reference only
-        # calls this with operands exactly representable in one of the two.
-        def exact(t, dt):
-            return torch.equal(t.to(dt).float(), t.float())
-
-        dt = torch.bfloat16 if exact(a, torch.bfloat16) and exact(b, torch.bfloat16) else torch.float16
-        batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-        a3 = a.to(dt).expand(*batch, *a.shape[-2:]).reshape(-1, *a.shape[-2:])
-        b3 = b.to(dt).expand(*batch, *b.shape[-2:]).reshape(-1, *b.shape[-2:])
-        try:
-            out = torch.bmm(a3, b3, out_dtype=torch.float32)
-        except (TypeError, RuntimeError):
-            # A torch without out_dtype: exact products summed in fp64, rounded once (the CPU
-            # emulation's choice); check 1 then may miss a few ulps and says so by failing.
-            return (a.double() @ b.double()).float()
-        return out.reshape(*batch, a.shape[-2], b.shape[-1])
-
-
 def _line(name: str, value: float, bound: float) -> bool:
     ok = value < bound
     print(f"  {'ok  ' if ok else 'FAIL'} {name}: {value:.3e} (bound {bound:.3e})")
@@ -185,7 +136,7 @@ def _gpu_checks(kda_aot, reference, x_cpu, lens, H, gold_o, gold_s, recipe_o, re
     elapsed = time.perf_counter() - t0
     plan = kda_aot.plan_prefill(lens, H, sm_count=torch.cuda.get_device_properties(0).multi_processor_count)
     print(f"kda_aot.prefill on {torch.cuda.get_device_name()}: {elapsed * 1e3:.2f} ms; plan: {plan.reason}")
-    ref_o, ref_s = reference.chunked_prefill(**x, mode="emulate", approx=_KernelApprox(get_library()))
+    ref_o, ref_s = reference.chunked_prefill(**x, mode="emulate", approx=reference.KernelApprox(get_library()))
 
     print("1. serial call (cp='off') against the GPU reference (the recipe with the kernels' approximations):")
     ok = _bits("output", o_ser, ref_o)

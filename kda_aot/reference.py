@@ -403,6 +403,51 @@ def _chunked_core_accurate(m, q, k, v, g, beta, A_log, dt_bias, s, *, lb, scale)
     return o, s
 
 
+class KernelApprox:
+    """The kernels' PTX approximations (ex2.approx.ftz, tanh.approx, rsqrt.approx.ftz) run by the
+    library's approx_* kernels, and fp32-accumulated tensor-core products, for the torch
+    reference's `approx=` hook: with them the reference rounds exactly as the kernels do."""
+
+    def __init__(self, lib):
+        self.lib = lib
+
+    def _run(self, name, x):
+        x32 = x.float().contiguous()
+        y = torch.empty_like(x32)
+        if x32.numel():
+            self.lib.kernel(name)(x32.data_ptr(), y.data_ptr(), x32.numel(),
+                                  torch.cuda.current_stream().cuda_stream)
+        return y
+
+    def ex2(self, x):
+        return self._run("approx_ex2", x)
+
+    def tanh(self, x):
+        return self._run("approx_tanh", x)
+
+    def rsqrt(self, x):
+        return self._run("approx_rsqrt", x)
+
+    def mm(self, a, b):
+        # The kernels multiply bf16 operands (fp16 for the inverse's factors) with fp32
+        # accumulation; torch.bmm with out_dtype does the same on tensor cores. The reference only
+        # calls this with operands exactly representable in one of the two.
+        def exact(t, dt):
+            return torch.equal(t.to(dt).float(), t.float())
+
+        dt = torch.bfloat16 if exact(a, torch.bfloat16) and exact(b, torch.bfloat16) else torch.float16
+        batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        a3 = a.to(dt).expand(*batch, *a.shape[-2:]).reshape(-1, *a.shape[-2:])
+        b3 = b.to(dt).expand(*batch, *b.shape[-2:]).reshape(-1, *b.shape[-2:])
+        try:
+            out = torch.bmm(a3, b3, out_dtype=torch.float32)
+        except (TypeError, RuntimeError):
+            # A torch without out_dtype: exact products summed in fp64, rounded once (the CPU
+            # emulation's choice); a bitwise comparison then may miss a few ulps and fails.
+            return (a.double() @ b.double()).float()
+        return out.reshape(*batch, a.shape[-2], b.shape[-1])
+
+
 def chunked_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float,
                     scale: Optional[float] = None, initial_state: Optional[torch.Tensor] = None,
                     cu_seqlens: Optional[torch.Tensor] = None, mode: str = "emulate",

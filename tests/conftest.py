@@ -40,52 +40,10 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
-class GpuApprox:
-    """The PTX approximations the kernels use (ex2.approx.ftz, tanh.approx, rsqrt.approx.ftz),
-    run by the library's approx_* test kernels, for the GPU reference (reference.py `approx=`)."""
-
-    def __init__(self, lib):
-        self.lib = lib
-
-    def _apply(self, name, x):
-        import torch
-
-        x32 = x.float().contiguous()
-        y = torch.empty_like(x32)
-        if x32.numel():
-            self.lib.kernel(name)(x32.data_ptr(), y.data_ptr(), x32.numel(), torch.cuda.current_stream().cuda_stream)
-        return y
-
-    def ex2(self, x):
-        return self._apply("approx_ex2", x)
-
-    def tanh(self, x):
-        return self._apply("approx_tanh", x)
-
-    def rsqrt(self, x):
-        return self._apply("approx_rsqrt", x)
-
-    def mm(self, a, b):
-        """acc32(a @ b) on tensor cores (fp32 accumulate), like the kernels' mma.sync, for operands
-        that are exactly bf16 (or else fp16) values; falls back to fp64 accumulation."""
-        import torch
-
-        def exact_in(t, dt):
-            return torch.equal(t.to(dt).float(), t.float())
-
-        dt = torch.bfloat16 if exact_in(a, torch.bfloat16) and exact_in(b, torch.bfloat16) else torch.float16
-        shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-        a3 = a.to(dt).expand(*shape, *a.shape[-2:]).reshape(-1, *a.shape[-2:])
-        b3 = b.to(dt).expand(*shape, *b.shape[-2:]).reshape(-1, *b.shape[-2:])
-        try:
-            out = torch.bmm(a3, b3, out_dtype=torch.float32)
-        except (TypeError, RuntimeError):
-            return (a.double() @ b.double()).float()
-        return out.reshape(*shape, a.shape[-2], b.shape[-1])
-
-
 @pytest.fixture(scope="session")
 def gpu_approx():
+    """The kernels' PTX approximations and tensor-core products for the GPU reference's `approx=`."""
     from kda_aot.loader import get_library
+    from kda_aot.reference import KernelApprox
 
-    return GpuApprox(get_library())
+    return KernelApprox(get_library())
