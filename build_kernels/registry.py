@@ -99,6 +99,13 @@ def _k1() -> List[Variant]:
     return [Variant("k1_prepare", "k1_prepare", "k1_prepare", args)]
 
 
+def _k1_accurate() -> List[Variant]:
+    """K1' of numerics="accurate" (docs/numerics.md): the same arguments and workspace, the gated
+    operands Qd, Kd, Ki, Kr each rounded once to bf16 from fp32 decay factors."""
+    base = _k1()[0]
+    return [dataclasses.replace(base, name="k1_prepare_acc", constants=(("accurate", True),))]
+
+
 # (has_initial, has_final) pairs; the state dtype matters only when one of them is present.
 STATE_IO = ((False, False), (True, False), (False, True), (True, True))
 VALUE_BLOCKS = ABI_CONSTANTS.VALUE_BLOCKS  # value rows of the state per K2 CTA (the value-column split)
@@ -261,7 +268,8 @@ FAMILIES = {"seq_tables": _seq_tables, "k1": _k1, "k2": _k2, "approx": _approx, 
             "k2_ext": _k2_ext, "cp_merge_pool": _cp_merge_pool, "checkpoint_index": _checkpoint_index,
             # numerics="accurate" last
             "k2_accurate": lambda: _k2(True), "k2_segments_accurate": lambda: _k2_segments(True),
-            "cp_pre_scan_accurate": lambda: _cp_pre_scan(True), "k2_ablation": _k2_ablation}
+            "cp_pre_scan_accurate": lambda: _cp_pre_scan(True), "k2_ablation": _k2_ablation,
+            "k1_accurate": _k1_accurate}
 
 
 def all_variants() -> List[Variant]:

@@ -119,9 +119,11 @@ def timing(report: Report, iters: int, warmup: int) -> None:
         torch.cuda.empty_cache()
 
 
-RECIPES = [("flashkda", "flashkda", None), ("A1: fp32 state", "accurate", 1),
-           ("A1 + A2 + A5: u unrounded, one output rounding", "accurate", 2),
-           ("A1-A5 but Q5 takes bf16 U", "accurate", 3), ("accurate (A1-A5)", "accurate", None)]
+# With numerics="accurate" every row runs K1' (the gated operands rounded once, docs/numerics.md).
+RECIPES = [("flashkda", "flashkda", None), ("K1' + A1: fp32 state", "accurate", 1),
+           ("K1' + A1 + A2 + A5: u unrounded, one output rounding", "accurate", 2),
+           ("accurate (K1', A1-A5, Q5 takes bf16 U)", "accurate", None),
+           ("the same with Q5 taking U as hi + lo (the fifth session's A4 in Q5)", "accurate", 3)]
 
 
 def fla_errors(x, gold):

@@ -2,7 +2,7 @@
 --write` from build_kernels/registry.py; do not edit. kda_aot/identity.py refuses a library
 whose manifest declares other kernels."""
 
-ABI_HASH = "f6af26c9eaa163b3ae94981bdbb918b2650b46f38590d155de4d11b2f9700bea"
+ABI_HASH = "0e822db4ffc363388306e8bdf2fe77eb62f1f619c909631e19ec3c04fc964dcf"
 
 SIGNATURES = (
     'seq_tables_int32(cu_seqlens:ptr:int32:4, seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, seq_order:ptr:int32:4, n_seq:i32, t_total:i32, stream:stream) {}',
@@ -96,4 +96,5 @@ SIGNATURES = (
     'k2_inout_bf16_vb64_acc_l1(v:ptr:bfloat16:16, out:ptr:bfloat16:16, ws_qd:ptr:uint8:16, ws_kd:ptr:uint8:16, ws_kr:ptr:uint8:16, ws_gt:ptr:float32:16, ws_inv:ptr:bfloat16:16, ws_mqk:ptr:bfloat16:16, ws_bsig:ptr:bfloat16:16, seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, seq_order:ptr:int32:4, initial_state:ptr:bfloat16:16, final_state:ptr:bfloat16:16, t_total:i32, n_seq:i32, n_heads:i32, cap:i32, stream:stream) {"ablation":1,"accurate":true,"has_final":true,"has_initial":true,"state_fp32":false,"value_block":64}',
     'k2_inout_bf16_vb64_acc_l2(v:ptr:bfloat16:16, out:ptr:bfloat16:16, ws_qd:ptr:uint8:16, ws_kd:ptr:uint8:16, ws_kr:ptr:uint8:16, ws_gt:ptr:float32:16, ws_inv:ptr:bfloat16:16, ws_mqk:ptr:bfloat16:16, ws_bsig:ptr:bfloat16:16, seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, seq_order:ptr:int32:4, initial_state:ptr:bfloat16:16, final_state:ptr:bfloat16:16, t_total:i32, n_seq:i32, n_heads:i32, cap:i32, stream:stream) {"ablation":2,"accurate":true,"has_final":true,"has_initial":true,"state_fp32":false,"value_block":64}',
     'k2_inout_bf16_vb64_acc_l3(v:ptr:bfloat16:16, out:ptr:bfloat16:16, ws_qd:ptr:uint8:16, ws_kd:ptr:uint8:16, ws_kr:ptr:uint8:16, ws_gt:ptr:float32:16, ws_inv:ptr:bfloat16:16, ws_mqk:ptr:bfloat16:16, ws_bsig:ptr:bfloat16:16, seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, seq_order:ptr:int32:4, initial_state:ptr:bfloat16:16, final_state:ptr:bfloat16:16, t_total:i32, n_seq:i32, n_heads:i32, cap:i32, stream:stream) {"ablation":3,"accurate":true,"has_final":true,"has_initial":true,"state_fp32":false,"value_block":64}',
+    'k1_prepare_acc(q:ptr:bfloat16:16, k:ptr:bfloat16:16, g:ptr:bfloat16:16, beta:ptr:bfloat16:2, a_log:ptr:float32:4, dt_bias:ptr:float32:16, seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, ws_qd:ptr:uint8:16, ws_kd:ptr:uint8:16, ws_kr:ptr:uint8:16, ws_gt:ptr:float32:16, ws_inv:ptr:bfloat16:16, ws_mqk:ptr:bfloat16:16, ws_bsig:ptr:bfloat16:16, t_total:i32, n_seq:i32, n_heads:i32, cap:i32, scale:f32, gate_c:f32, stream:stream) {"accurate":true}',
 )

@@ -69,7 +69,8 @@ def _sequence_tables(prog: Program, problem: Problem, off, n_seq: int, order: bo
 
 
 def _k1(prog: Program, problem: Problem, off, n_seq: int, cap: int) -> None:
-    prog.add("k1_prepare", dict(
+    # numerics="accurate" has its own K1 (the gated operands rounded once, docs/numerics.md)
+    prog.add("k1_prepare_acc" if problem.numerics == "accurate" else "k1_prepare", dict(
         q=Ref("q"), k=Ref("k"), g=Ref("g"), beta=Ref("beta"), a_log=Ref("A_log"), dt_bias=Ref("dt_bias"),
         seq_start=ws(off["seq_start"]), tile_prefix=ws(off["tile_prefix"]), **_workspace_args(off),
         t_total=problem.B * problem.T, n_seq=n_seq, n_heads=problem.H, cap=cap, scale=problem.scale,

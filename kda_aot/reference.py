@@ -330,11 +330,21 @@ def _prepare_tiles(m, q, k, g, beta, A_log, dt_bias, lb, scale, length):
     a2 = torch.where(valid, a2, torch.zeros_like(a2))  # padded rows add exactly 0 (P3)
     G = _cumsum_rows(a2)
     gam = m.ex2(G[..., -1, :])  # P4: fp32 gamma, stored unrounded
-    e, ebar = m.rb(m.ex2(G)), m.rb(m.ex2(-G))
-    Qd = m.rb(m.rb(qh * e) * m.rb(m.const(scale, qh)))  # P5
-    Kd = m.rb(kh * e)
-    Ki = m.rb(kh * ebar)
-    Kr = m.rb(Ki * m.rb(gam)[..., None, :])
+    if getattr(m, "k1_single_rounding", False):
+        # K1' of numerics="accurate" (docs/numerics.md): each gated operand rounded once, from
+        # fp32 factors (FlashKDA rounds 2^G, 2^-G, gamma and the scale first)
+        e, ebar = m.ex2(G), m.ex2(-G)
+        Qd = m.rb(qh * e * m.const(scale, qh))
+        Kd = m.rb(kh * e)
+        Kif = kh * ebar
+        Ki = m.rb(Kif)
+        Kr = m.rb(Kif * gam[..., None, :])
+    else:
+        e, ebar = m.rb(m.ex2(G)), m.rb(m.ex2(-G))
+        Qd = m.rb(m.rb(qh * e) * m.rb(m.const(scale, qh)))  # P5
+        Kd = m.rb(kh * e)
+        Ki = m.rb(kh * ebar)
+        Kr = m.rb(Ki * m.rb(gam)[..., None, :])
     b = m.sig(_to_tiles(beta, length))  # padded logits are 0 -> 0.5, harmless (k = v = 0)
     Kit = Ki.transpose(-1, -2)
     L = torch.tril(m.rh(m.mm(Kd, Kit)), diagonal=-1)  # P6
@@ -369,7 +379,9 @@ def _chunked_core(m, q, k, v, g, beta, A_log, dt_bias, s, *, lb, scale):
 
 
 class _AccurateMath(_EmulateMath):
-    """numerics="accurate": K1's recipe unchanged; the state enters and stays in fp32."""
+    """numerics="accurate": K1' (the gated operands rounded once); the state enters and stays in fp32."""
+
+    k1_single_rounding = True
 
     def entry_state(self, s):
         return s.float()
@@ -382,7 +394,7 @@ def _split_mm(m, a, x):
 
 
 def _chunked_core_accurate(m, q, k, v, g, beta, A_log, dt_bias, s, *, lb, scale):
-    """_chunked_core with the accurate tile step (docs/numerics.md A1-A5)."""
+    """_chunked_core with the accurate tile step (docs/numerics.md: K1', A1-A5, Q5 with bf(U))."""
     length = q.shape[0]
     if length == 0:
         return v.clone(), s.clone()
@@ -397,7 +409,7 @@ def _chunked_core_accurate(m, q, k, v, g, beta, A_log, dt_bias, s, *, lb, scale)
         r = (vt[j] - u) * bb[j]
         U = _split_mm(m, INV[j], r)  # A3: r as hi + lo
         outs.append(m.rb(o1 + _split_mm(m, Mqk[j], U)))  # A4 (U as hi + lo), A5: one rounding
-        ds = _split_mm(m, Kr[j].transpose(-1, -2), U).transpose(-1, -2)  # A4 in the state update
+        ds = m.mm(Kr[j].transpose(-1, -2), m.rb(U)).transpose(-1, -2)  # Q5 takes U's bf16 half
         s = m.fma(s, gam[j][:, None, :], ds)  # A1: no bf16 rounding
     o = torch.stack(outs).transpose(1, 2).flatten(0, 1)[:length]
     return o, s

@@ -44,10 +44,12 @@ def test_serial_picks_the_accurate_k2(rec, state):
     x["workspace"] = _ws(x)
     call(x)
     default = rec.last[-1].name
+    k1 = [launch.name for launch in rec.last if launch.name.startswith("k1_")]
     call(x, numerics="accurate")
     accurate = rec.last[-1].name
     assert default.startswith("k2_") and not default.endswith("_acc")
     assert accurate == default + "_acc", (default, accurate)
+    assert k1 == ["k1_prepare"] and [n.name for n in rec.last if n.name.startswith("k1_")] == ["k1_prepare_acc"]
     call(x, numerics="flashkda")
     assert rec.last[-1].name == default
 
@@ -65,7 +67,9 @@ def test_cp_picks_the_accurate_pre_scan_and_segmented_k2_and_shares_the_merge(re
     call(x, workspace=_ws(x, numerics="accurate", **kw), numerics="accurate", **kw)
     accurate = [launch.name for launch in rec.last]
     assert len(default) == len(accurate) == 5
-    assert accurate[:2] == default[:2] and accurate[3] == default[3] and accurate[3].startswith("cp_merge_")
+    # the tables and the merge are shared; K1 has its accurate twin K1' (same workspace)
+    assert accurate[0] == default[0] and accurate[3] == default[3] and accurate[3].startswith("cp_merge_")
+    assert (default[1], accurate[1]) == ("k1_prepare", "k1_prepare_acc")
     for i in (2, 4):
         assert accurate[i] == default[i] + "_acc", (default, accurate)
     assert workspace_bytes(x, kw) == workspace_bytes(x, dict(kw, numerics="accurate"))
@@ -92,9 +96,14 @@ def test_every_state_kernel_has_an_accurate_twin_and_nothing_else_does():
                 assert dict(twin.constants, accurate=False) == dict(k.constants)
                 assert k.constants.get("ablation", 0) == 0 == twin.constants.get("ablation", 0)
                 twins += 1
+        elif k.entry == "k1_prepare":
+            assert k.constants == ({"accurate": True} if name == "k1_prepare_acc" else {}), name
+            if name == "k1_prepare_acc":
+                assert k.args == kernels["k1_prepare"].args
+                twins += 1
         else:
             assert "accurate" not in k.constants and "ablation" not in k.constants and not name.endswith("_acc"), name
-    assert twins == 21 + 6 + 3
+    assert twins == 21 + 6 + 3 + 1
 
 
 def _reference():

@@ -51,7 +51,7 @@ from cutlass import BFloat16, Float32, Int32, Int64, Uint8, Uint32
 from .ptx_ops import (
     add_f16x2, add_rn_ftz, ex2_approx_ftz, f16x2_to_f32x2, f32x2_to_bf16x2, f32x2_to_f16x2, fma_rn_ftz, ld_shared_v4,
     ldmatrix_x4, mma_m16n8k16_bf16_f32, mma_m16n8k16_f16_f16, movmatrix_trans, mul_f16x2, mul_rn_ftz, rsqrt_approx_ftz,
-    st_shared_v4, sub_f16x2,
+    st_shared_v4, sub_f16x2, u32_as_f32,
 )
 from .tile_ops import (CHUNK, D, LOG2E, await_previous_grid, bf16x2_to_f32x2, bulk_g2s_tensor, bulk_s2g_elected,
                        raw_tile_layout, round_bf16, sigmoid_tanh)
@@ -91,12 +91,18 @@ def _add(X, Y):
     return [[add_f16x2(X[nb][h], Y[nb][h]) for h in range(2)] for nb in range(2)]
 
 
+def _f32x8(addr):
+    """Eight consecutive fp32 values from shared memory (32-byte aligned address)."""
+    words = ld_shared_v4(addr) + ld_shared_v4(addr + 16)
+    return [u32_as_f32(w) for w in words]
+
+
 @cute.kernel
 def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Pointer, a_log: cute.Pointer,
                dt_bias: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer, ws_qd: cute.Pointer,
                ws_kd: cute.Pointer, ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer,
                ws_mqk: cute.Pointer, ws_bsig: cute.Pointer, n_seq: Int32, n_heads: Int32, cap: Int32,
-               scale: Float32, gate_c: Float32):
+               scale: Float32, gate_c: Float32, accurate: cutlass.Constexpr[bool]):
     tidx, _, _ = cute.arch.thread_idx()
     tile, head, _ = cute.arch.block_idx()
     await_previous_grid()
@@ -109,9 +115,12 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
     sKin = smem.allocate_tensor(BFloat16, stage_layout, byte_alignment=128)
     sGin = smem.allocate_tensor(BFloat16, stage_layout, byte_alignment=128)
     sKi = smem.allocate_tensor(BFloat16, raw_tile_layout(), byte_alignment=128)
-    sE = smem.allocate_tensor(BFloat16, stage_layout, byte_alignment=128)
-    sEbar = smem.allocate_tensor(BFloat16, stage_layout, byte_alignment=128)
-    sGb = smem.allocate_tensor(BFloat16, cute.make_layout(D), byte_alignment=16)
+    # The decay factors 2^G, 2^-G and gamma: bf16 in FlashKDA's recipe (P4/P5), fp32 with
+    # numerics="accurate", whose gated operands are each rounded once (docs/numerics.md, K1').
+    factor = Float32 if cutlass.const_expr(accurate) else BFloat16
+    sE = smem.allocate_tensor(factor, stage_layout, byte_alignment=128)
+    sEbar = smem.allocate_tensor(factor, stage_layout, byte_alignment=128)
+    sGb = smem.allocate_tensor(factor, cute.make_layout(D), byte_alignment=16)
     mbar = smem.allocate_array(Int64, 1)
     # Output images alias the staging buffers: all staging reads finish before barrier B1.
     sQd = cute.make_tensor(sQin.iterator, raw_tile_layout())
@@ -234,56 +243,89 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
                 a2 = mul_rn_ftz(gate_c, sigmoid_tanh(x))
                 # Padded rows add exactly 0, so G stays at the last valid row and gamma is right.
                 G = add_rn_ftz(G, _select(r < m, a2, 0.0, Float32))
-                sE[r, chan] = BFloat16(ex2_approx_ftz(G))
-                sEbar[r, chan] = BFloat16(ex2_approx_ftz(-G))
+                sE[r, chan] = factor(ex2_approx_ftz(G))
+                sEbar[r, chan] = factor(ex2_approx_ftz(-G))
             gamma = ex2_approx_ftz(G)
             cute.make_tensor(ws_gt + slot * D, cute.make_layout(D))[chan] = gamma
-            sGb[chan] = BFloat16(gamma)
+            sGb[chan] = factor(gamma)
 
         cute.arch.barrier()  # B1: e, ebar, bf(gamma) published; staging reads done
 
         if warp >= 4:
-            # ---- stage 3: decayed tiles (P5), written into the raw images.
-            e_row = sE.iterator.toint() + row * (PAD_ROW * 2)
-            ebar_row = sEbar.iterator.toint() + row * (PAD_ROW * 2)
-            if is_k:
+            if cutlass.const_expr(accurate):
+                # ---- stage 3 of numerics="accurate" (K1'): Qd = bf(q 2^G scale), Kd = bf(k 2^G),
+                # Ki = bf(k 2^-G), Kr = bf(k 2^-G gamma), each rounded once from fp32 factors.
+                e_row = sE.iterator.toint() + row * (PAD_ROW * 4)
+                ebar_row = sEbar.iterator.toint() + row * (PAD_ROW * 4)
                 for s in cutlass.range_constexpr(4):
                     j = quad + 4 * s
                     img = 2 * cute.crd2idx((row, 8 * j), raw_tile_layout())
-                    we = ld_shared_v4(e_row + 16 * j)
-                    web = ld_shared_v4(ebar_row + 16 * j)
-                    wgb = ld_shared_v4(sGb.iterator.toint() + 16 * j)
-                    kd = []
-                    ki = []
-                    kr = []
-                    for t in cutlass.range_constexpr(4):
-                        k0, k1 = bf16x2_to_f32x2(hat[4 * s + t])
-                        e0, e1 = bf16x2_to_f32x2(we[t])
-                        eb0, eb1 = bf16x2_to_f32x2(web[t])
-                        gb0, gb1 = bf16x2_to_f32x2(wgb[t])
-                        kd.append(f32x2_to_bf16x2(k0 * e0, k1 * e1))
-                        ki_w = f32x2_to_bf16x2(k0 * eb0, k1 * eb1)
-                        ki.append(ki_w)
-                        i0, i1 = bf16x2_to_f32x2(ki_w)
-                        kr.append(f32x2_to_bf16x2(i0 * gb0, i1 * gb1))
-                    st_shared_v4(sKd.iterator.toint() + img, kd)
-                    st_shared_v4(sKi.iterator.toint() + img, ki)
-                    st_shared_v4(sKr.iterator.toint() + img, kr)
+                    ev = _f32x8(e_row + 32 * j)
+                    if is_k:
+                        ebv = _f32x8(ebar_row + 32 * j)
+                        gv = _f32x8(sGb.iterator.toint() + 32 * j)
+                        kd = []
+                        ki = []
+                        kr = []
+                        for t in cutlass.range_constexpr(4):
+                            k0, k1 = bf16x2_to_f32x2(hat[4 * s + t])
+                            kd.append(f32x2_to_bf16x2(k0 * ev[2 * t], k1 * ev[2 * t + 1]))
+                            i0 = k0 * ebv[2 * t]
+                            i1 = k1 * ebv[2 * t + 1]
+                            ki.append(f32x2_to_bf16x2(i0, i1))
+                            kr.append(f32x2_to_bf16x2(i0 * gv[2 * t], i1 * gv[2 * t + 1]))
+                        st_shared_v4(sKd.iterator.toint() + img, kd)
+                        st_shared_v4(sKi.iterator.toint() + img, ki)
+                        st_shared_v4(sKr.iterator.toint() + img, kr)
+                    else:
+                        qd = []
+                        for t in cutlass.range_constexpr(4):
+                            q0, q1 = bf16x2_to_f32x2(hat[4 * s + t])
+                            qd.append(f32x2_to_bf16x2((q0 * ev[2 * t]) * scale, (q1 * ev[2 * t + 1]) * scale))
+                        st_shared_v4(sQd.iterator.toint() + img, qd)
+                cute.arch.fence_proxy("async.shared", space="cta")
             else:
-                bscale = round_bf16(scale)
-                for s in cutlass.range_constexpr(4):
-                    j = quad + 4 * s
-                    img = 2 * cute.crd2idx((row, 8 * j), raw_tile_layout())
-                    we = ld_shared_v4(e_row + 16 * j)
-                    qd = []
-                    for t in cutlass.range_constexpr(4):
-                        q0, q1 = bf16x2_to_f32x2(hat[4 * s + t])
-                        e0, e1 = bf16x2_to_f32x2(we[t])
-                        qe0, qe1 = bf16x2_to_f32x2(f32x2_to_bf16x2(q0 * e0, q1 * e1))
-                        qd.append(f32x2_to_bf16x2(qe0 * bscale, qe1 * bscale))
-                    st_shared_v4(sQd.iterator.toint() + img, qd)
-            # The S2G bulk copies read the images through the async proxy.
-            cute.arch.fence_proxy("async.shared", space="cta")
+                # ---- stage 3: decayed tiles (P5), written into the raw images.
+                e_row = sE.iterator.toint() + row * (PAD_ROW * 2)
+                ebar_row = sEbar.iterator.toint() + row * (PAD_ROW * 2)
+                if is_k:
+                    for s in cutlass.range_constexpr(4):
+                        j = quad + 4 * s
+                        img = 2 * cute.crd2idx((row, 8 * j), raw_tile_layout())
+                        we = ld_shared_v4(e_row + 16 * j)
+                        web = ld_shared_v4(ebar_row + 16 * j)
+                        wgb = ld_shared_v4(sGb.iterator.toint() + 16 * j)
+                        kd = []
+                        ki = []
+                        kr = []
+                        for t in cutlass.range_constexpr(4):
+                            k0, k1 = bf16x2_to_f32x2(hat[4 * s + t])
+                            e0, e1 = bf16x2_to_f32x2(we[t])
+                            eb0, eb1 = bf16x2_to_f32x2(web[t])
+                            gb0, gb1 = bf16x2_to_f32x2(wgb[t])
+                            kd.append(f32x2_to_bf16x2(k0 * e0, k1 * e1))
+                            ki_w = f32x2_to_bf16x2(k0 * eb0, k1 * eb1)
+                            ki.append(ki_w)
+                            i0, i1 = bf16x2_to_f32x2(ki_w)
+                            kr.append(f32x2_to_bf16x2(i0 * gb0, i1 * gb1))
+                        st_shared_v4(sKd.iterator.toint() + img, kd)
+                        st_shared_v4(sKi.iterator.toint() + img, ki)
+                        st_shared_v4(sKr.iterator.toint() + img, kr)
+                else:
+                    bscale = round_bf16(scale)
+                    for s in cutlass.range_constexpr(4):
+                        j = quad + 4 * s
+                        img = 2 * cute.crd2idx((row, 8 * j), raw_tile_layout())
+                        we = ld_shared_v4(e_row + 16 * j)
+                        qd = []
+                        for t in cutlass.range_constexpr(4):
+                            q0, q1 = bf16x2_to_f32x2(hat[4 * s + t])
+                            e0, e1 = bf16x2_to_f32x2(we[t])
+                            qe0, qe1 = bf16x2_to_f32x2(f32x2_to_bf16x2(q0 * e0, q1 * e1))
+                            qd.append(f32x2_to_bf16x2(qe0 * bscale, qe1 * bscale))
+                        st_shared_v4(sQd.iterator.toint() + img, qd)
+                # The S2G bulk copies read the images through the async proxy.
+                cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier()  # B2
 
         # ---- stage 4
@@ -381,10 +423,12 @@ def k1_prepare(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
                dt_bias: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer, ws_qd: cute.Pointer,
                ws_kd: cute.Pointer, ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer,
                ws_mqk: cute.Pointer, ws_bsig: cute.Pointer, t_total: Int32, n_seq: Int32, n_heads: Int32,
-               cap: Int32, scale: Float32, gate_c: Float32, stream: cuda.CUstream):
+               cap: Int32, scale: Float32, gate_c: Float32, stream: cuda.CUstream,
+               accurate: cutlass.Constexpr[bool] = False):
     """Packed token-major inputs (q/k/g (t, h, d) at (t*H + h)*128 + d, beta (t, h) at t*H + h);
     gate_c = f32(lb * LOG2E) formed in double on the host. t_total is part of the ABI but not needed:
-    every row read lies inside [seq_start[n], seq_start[n+1])."""
+    every row read lies inside [seq_start[n], seq_start[n+1]). accurate: the numerics="accurate" twin
+    (K1', docs/numerics.md): the same workspace, the gated operands each rounded once."""
     _k1_kernel(q, k, g, beta, a_log, dt_bias, seq_start, tile_prefix, ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk,
-               ws_bsig, n_seq, n_heads, cap, scale, gate_c).launch(
+               ws_bsig, n_seq, n_heads, cap, scale, gate_c, accurate).launch(
         grid=(cap, n_heads, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True)

@@ -164,16 +164,18 @@ def mma_split(a, b_pair, zero):
     return d if lo is None else mma_bf16_16816(a, lo, d)
 
 
-# `level` selects a partial recipe for the ablation kernels that measure what each step costs and
-# buys (registry's k2_ablation, docs/numerics.md); 0 is numerics="accurate":
+# `level` selects another recipe for the ablation kernels that measure what each step costs and
+# buys (registry's k2_ablation, docs/numerics.md); 0 is numerics="accurate" (A1-A5 with K1', Q5
+# taking U's bf16 half):
 #   1  A1 only: FlashKDA's Q2-Q4 (u, v - u, r, U and the output rounded as in docs/algorithm.md §2.4)
 #   2  A1 + A2 + A5: u unrounded, r and U rounded once to bf16, one output rounding
-#   3  A1-A5 but Q5, which takes U's bf16 half only
+#   3  the fifth session's recipe: Q5 also takes U as hi + lo (eight more MMAs per n-block, about
+#      10% of the time; with K1' it buys less than K1' itself, docs/numerics.md)
 def mma_state_update(a, b_pair, zero, level: int = 0):
-    """Q5's acc32(Kr^T U) of numerics="accurate": U as hi + lo (its bf16 half alone at level 3)."""
+    """Q5's acc32(Kr^T U) of numerics="accurate": U's bf16 half (hi + lo at level 3)."""
     if level == 3:
-        return mma_bf16_16816(a, b_pair[0], (zero, zero, zero, zero))
-    return mma_split(a, b_pair, zero)
+        return mma_split(a, b_pair, zero)
+    return mma_bf16_16816(a, b_pair[0], (zero, zero, zero, zero))
 
 
 def solve_u_fragment_accurate(acc, v_words, bs0, bs1, a_inv, zero, level: int = 0):
