@@ -96,7 +96,7 @@ def _k1() -> List[Variant]:
     args = (ptr("q", "bfloat16"), ptr("k", "bfloat16"), ptr("g", "bfloat16"), ptr("beta", "bfloat16", 2),
             ptr("a_log", "float32", 4), ptr("dt_bias", "float32", 16)) + SEQ_ARGS + WORKSPACE_ARGS + SIZE_ARGS + (
             scalar("scale", "f32"), scalar("gate_c", "f32"), STREAM)
-    return [Variant("k1_prepare", "k1_prepare", "k1_prepare", args)]
+    return [Variant("k1_prepare", "k1_prepare", "k1_prepare", args, constants=(("accurate", False),))]
 
 
 def _k1_accurate() -> List[Variant]:

@@ -97,7 +97,7 @@ def test_every_state_kernel_has_an_accurate_twin_and_nothing_else_does():
                 assert k.constants.get("ablation", 0) == 0 == twin.constants.get("ablation", 0)
                 twins += 1
         elif k.entry == "k1_prepare":
-            assert k.constants == ({"accurate": True} if name == "k1_prepare_acc" else {}), name
+            assert k.constants == {"accurate": name == "k1_prepare_acc"}, name
             if name == "k1_prepare_acc":
                 assert k.args == kernels["k1_prepare"].args
                 twins += 1
