@@ -20,7 +20,7 @@ def _raw_to_rows(images):
     return images[..., idx]
 
 
-def _run_k1(lib, x):
+def _run_k1(lib, x, kernel="k1_prepare"):
     from kda_aot import launcher, planner
     from kda_aot.workspace import workspace_layout
 
@@ -39,7 +39,7 @@ def _run_k1(lib, x):
                                        stream)
     else:
         lib.kernel("seq_tables_dense")(p["seq_start"], p["tile_prefix"], N, T, stream)
-    lib.kernel("k1_prepare")(q.data_ptr(), x["k"].data_ptr(), x["g"].data_ptr(), x["beta"].data_ptr(),
+    lib.kernel(kernel)(q.data_ptr(), x["k"].data_ptr(), x["g"].data_ptr(), x["beta"].data_ptr(),
                              x["A_log"].data_ptr(), x["dt_bias"].data_ptr(), p["seq_start"], p["tile_prefix"],
                              p["qd"], p["kd"], p["kr"], p["gt"], p["inv"], p["mqk"], p["bsig"],
                              B * T, N, H, cap, x["scale"], launcher.gate_constant(x["lower_bound"]), stream)
@@ -56,11 +56,11 @@ def _run_k1(lib, x):
                 mqk=region("mqk", torch.bfloat16, (16, 16)), bsig=region("bsig", torch.bfloat16, (16,)))
 
 
-def _reference_tiles(x, approx):
-    """Per sequence: the reference's K1 quantities, [tiles, H, ...]."""
+def _reference_tiles(x, approx, accurate=False):
+    """Per sequence: the reference's K1 quantities, [tiles, H, ...] (K1' with `accurate`)."""
     from kda_aot import reference
 
-    m = reference._EmulateMath(approx)
+    m = (reference._AccurateMath if accurate else reference._EmulateMath)(approx)
     q = x["q"]
     B, T, H, _ = q.shape
     cu = x["cu_seqlens"]
@@ -79,19 +79,22 @@ def _reference_tiles(x, approx):
     return out
 
 
+@pytest.mark.parametrize("kernel", ["k1_prepare", "k1_prepare_acc"])
 @pytest.mark.parametrize("shape,H", [((1, 77), 3), ((2, 32), 2), ([1, 15, 16, 17, 0, 100], 2)])
-def test_k1_workspace_matches_reference(gpu_approx, shape, H):
+def test_k1_workspace_matches_reference(gpu_approx, shape, H, kernel):
+    """K1 against the FlashKDA recipe's K1 stage, K1' (numerics="accurate", the gated operands
+    rounded once) against the accurate emulation's: every region bit for bit."""
     from kda_aot import reference
     from kda_aot.loader import get_library
 
     lib = get_library()
-    if not lib.has("k1_prepare"):  # a broken build, not a reason to skip
-        pytest.fail("the kernel library has no k1_prepare: every build ships it")
+    if not lib.has(kernel):  # a broken build, not a reason to skip
+        pytest.fail(f"the kernel library has no {kernel}: every build ships it")
     x = reference.make_inputs(shape, H, seed=7, device="cuda")
     x["scale"] = 128 ** -0.5
-    ws = _run_k1(lib, x)
+    ws = _run_k1(lib, x, kernel)
     tile = 0
-    for seq, ref in enumerate(_reference_tiles(x, gpu_approx)):
+    for seq, ref in enumerate(_reference_tiles(x, gpu_approx, accurate=kernel.endswith("_acc"))):
         if ref is None:
             continue
         Qd, Kd, Kr, gam, b, INV, Mqk = ref  # [nt, H, ...]
