@@ -65,7 +65,7 @@ from .ptx_ops import (add_rn, ldg_b32, ldg_bf16_pair, ldg_f32, ldg_f32_pair_bf16
                       stg_f32, stg_f32_pair_from_bf16, sts_b32, unpack_bf16x2)
 from .recurrence_common import (BSIG_BYTES, GT_BYTES, HEAD_ROW_BYTES, SQ_BYTES, STAGES, TILE_BYTES, alloc_ring,
                                 init_ring, mma_split, mma_state_update, mma_warps, produce_tiles, solve_u_fragment,
-                                occupancy_hint, solve_u_fragment_accurate, state_f32_step, state_words_step, v_stride)
+                                solve_u_fragment_accurate, state_f32_step, state_words_step, v_stride)
 from .state_io import checkpoint_due, pool_slot, sequence_start_of
 from .tile_ops import CHUNK, D, await_previous_grid
 
@@ -410,7 +410,7 @@ def k2_recurrence(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd
                seq_order.toint(),
                has_initial, has_final, state_fp32, value_block, state_fp32, False, False, accurate, ablation).launch(
         grid=(n_seq * n_heads, 1, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream,
-        use_pdl=True, **occupancy_hint(accurate, value_block))
+        use_pdl=True)
 
 
 @cute.jit
@@ -435,7 +435,7 @@ def k2_segments(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: 
                Int64(0),
                True, True, True, value_block, final_fp32, True, False, accurate, 0).launch(
         grid=(n_seg * n_heads, 1, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream,
-        use_pdl=True, **occupancy_hint(accurate, value_block))
+        use_pdl=True)
 
 
 @cute.jit

@@ -36,18 +36,6 @@ BSIG_BYTES = ABI_CONSTANTS.SLOT["bsig"]
 HEAD_ROW_BYTES = D * 2  # one token row of one head in v / out
 
 
-def occupancy_hint(accurate: bool, vb: int) -> dict:
-    """Launch options that keep two K2 CTAs per SM. numerics="accurate" at VB=128 holds its fp32
-    master state in registers (64 per lane) and compiles to 139 registers: one 288-thread CTA per
-    SM, where the default kernel (94) fits two; 8 x [1024] at H=64 ran 12% slower than the
-    default. minnctapersm 2 caps it at 96 with a few bytes of spill (docs/numerics.md, "Time").
-    The carveout is given (-1: the driver's default) so that compiling needs no GPU: without it
-    the DSL asks the device for its shared memory size."""
-    if accurate and vb == 128:
-        return {"min_blocks_per_mp": 2, "preferred_smem_carveout": -1}
-    return {}
-
-
 def v_stride(vb: int) -> int:
     """Bytes per v row in a stage: VB bf16 values padded by 16 B (conflict-free 32-bit reads)."""
     return 2 * vb + 16
