@@ -37,7 +37,9 @@ CASES = {
     "long memory": GoldCase([4096], 2, -8.0, -5.0, "fp32", True),
     "weak decay": GoldCase([4096], 2, 0.0, -0.05, "fp32", True),
     "long memory packed bf16 state": GoldCase([2500, 0, 1200, 17], 2, -8.0, -5.0, "bf16", True, seed=1),
-    "T=1": GoldCase((1, 1), 2, 0.0, -5.0, "fp32", False, seed=2),
+    # 16 one-token sequences at H=16: with a single sequence at H=2 (256 output values) the error
+    # was a lottery of a few rounding flips (a 2^-11 change of tanh moved it from 1.1e-2 to 4.7e-3)
+    "T=1": GoldCase((16, 1), 16, 0.0, -5.0, "fp32", False, seed=2),
     "empty sequences": GoldCase([0, 0, 40, 0], 2, -8.0, -5.0, "fp32", False, seed=3),
     "no initial state": GoldCase((2, 1100), 2, -8.0, -5.0, None, True, seed=4),
 }
