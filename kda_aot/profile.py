@@ -21,6 +21,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[8192])
     parser.add_argument("--cp", default="auto")
     parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--numerics", default="flashkda", choices=("flashkda", "accurate"))
     parser.add_argument("--cprofile", type=int, default=0, metavar="N",
                         help="also print the N Python functions with the most host time (cProfile)")
     args = parser.parse_args(argv)
@@ -43,11 +44,12 @@ def main(argv=None) -> int:
     def call():
         return kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
                                initial_state=x["initial_state"], output_final_state=True, cu_seqlens=cu,
-                               seq_lens=lens, out=out, final_state=final, cp=cp)
+                               seq_lens=lens, out=out, final_state=final, cp=cp,
+                               numerics=args.numerics)
 
     plan = kda_aot.plan_prefill(lens, args.heads, sm_count=torch.cuda.get_device_properties(0).multi_processor_count,
                                 mode=cp)
-    print(f"H={args.heads} seq_lens={lens} cp={cp!r}: {plan.reason}")
+    print(f"H={args.heads} seq_lens={lens} cp={cp!r} numerics={args.numerics}: {plan.reason}")
     for _ in range(10):
         call()
     torch.cuda.synchronize()
