@@ -11,9 +11,9 @@ Three references, all on the inputs' device (CPU or CUDA):
   ex2/tanh/rsqrt are replaced by exact fp32 functions, so this is a ~1-2 bf16-ulp emulation of the
   kernels, not a bitwise one (§2.4 note); a GPU caller may pass the real approximations via
   `approx=`.
-* `chunked_prefill(mode="accurate")`: the recipe of numerics="accurate" (docs/numerics.md): K1 as
-  in "emulate", the tile step with an fp32 state, unrounded u, r and U entering their products as
-  bf16 hi + lo pairs, and one output rounding. Not bitwise (the order of the kernels' fp32
+* `chunked_prefill(mode="accurate")`: the recipe of numerics="accurate" (docs/numerics.md): K1'
+  (each gated operand rounded once), the tile step with an fp32 state, unrounded u, r entering
+  INV r as a bf16 hi + lo pair, U rounded once, and one output rounding. Not bitwise (the order of the kernels' fp32
   accumulation is not modelled); it measures what each rounding costs on the CPU.
 
 Inputs follow the low-level API (§1.1/§1.3): token-major [B, T, H, 128] tensors, beta logits
@@ -407,9 +407,9 @@ def _chunked_core_accurate(m, q, k, v, g, beta, A_log, dt_bias, s, *, lb, scale)
         u = m.mm(Kd[j], st)  # A2: u unrounded
         o1 = m.mm(Qd[j], st)
         r = (vt[j] - u) * bb[j]
-        U = _split_mm(m, INV[j], r)  # A3: r as hi + lo
-        outs.append(m.rb(o1 + _split_mm(m, Mqk[j], U)))  # A4 (U as hi + lo), A5: one rounding
-        ds = m.mm(Kr[j].transpose(-1, -2), m.rb(U)).transpose(-1, -2)  # Q5 takes U's bf16 half
+        U = m.rb(_split_mm(m, INV[j], r))  # A3: r as hi + lo; U rounded once, for Q4 and Q5
+        outs.append(m.rb(o1 + m.mm(Mqk[j], U)))  # A5: one rounding
+        ds = m.mm(Kr[j].transpose(-1, -2), U).transpose(-1, -2)
         s = m.fma(s, gam[j][:, None, :], ds)  # A1: no bf16 rounding
     o = torch.stack(outs).transpose(1, 2).flatten(0, 1)[:length]
     return o, s

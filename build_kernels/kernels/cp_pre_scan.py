@@ -215,7 +215,7 @@ def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, 
                 v_a0 = sb + OFF_V + g * VSTR + (w * NW + 2 * q) * 2
                 u_frag = []
                 x_frag = []
-                # (numerics="accurate": both chains with K2's accurate Q2 + Q3, U as hi + lo fragments)
+                # (numerics="accurate": both chains with K2's accurate Q2 + Q3, r as hi + lo, U rounded once)
                 solve = solve_u_fragment_accurate if accurate else solve_u_fragment
                 for nb in cutlass.range_constexpr(NB):
                     u_frag.append(solve(

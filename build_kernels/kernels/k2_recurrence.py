@@ -321,7 +321,7 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
                     v_words = lambda: (select_b32(ok0, lds_b32(v_a0 + 16 * nb), Int32(0)),  # noqa: E731
                                        select_b32(ok1, lds_b32(v_a0 + 8 * VSTR + 16 * nb), Int32(0)))
                     if cutlass.const_expr(accurate and ablation != 1):
-                        # U as hi + lo bf16 fragments; out = bf(o1 + acc32(Mqk U)), one rounding
+                        # r as hi + lo into INV r, U rounded once; out = bf(o1 + acc32(Mqk U)), one rounding
                         ub = solve_u_fragment_accurate(acc_u[nb], v_words, bs0, bs1, a_inv, zero, ablation)
                         u_frag.append(ub)
                         o2 = mma_split(a_mqk, ub, zero)

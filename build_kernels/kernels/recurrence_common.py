@@ -165,12 +165,12 @@ def mma_split(a, b_pair, zero):
 
 
 # `level` selects another recipe for the ablation kernels that measure what each step costs and
-# buys (registry's k2_ablation, docs/numerics.md); 0 is numerics="accurate" (A1-A5 with K1', Q5
-# taking U's bf16 half):
+# buys (registry's k2_ablation, docs/numerics.md); 0 is numerics="accurate" (A1-A3 and A5 with
+# K1': U rounded once to bf16 for Q4 and Q5):
 #   1  A1 only: FlashKDA's Q2-Q4 (u, v - u, r, U and the output rounded as in docs/algorithm.md §2.4)
 #   2  A1 + A2 + A5: u unrounded, r and U rounded once to bf16, one output rounding
-#   3  the fifth session's recipe: Q5 also takes U as hi + lo (eight more MMAs per n-block, about
-#      10% of the time; with K1' it buys less than K1' itself, docs/numerics.md)
+#   3  the fifth session's recipe: Q4 and Q5 take U as hi + lo (A4; nine more MMAs per n-block,
+#      about 12% of the time; with K1' it buys less than K1' itself, docs/numerics.md)
 def mma_state_update(a, b_pair, zero, level: int = 0):
     """Q5's acc32(Kr^T U) of numerics="accurate": U's bf16 half (hi + lo at level 3)."""
     if level == 3:
@@ -189,7 +189,9 @@ def solve_u_fragment_accurate(acc, v_words, bs0, bs1, a_inv, zero, level: int = 
          mul_rn(sub_rn(v2, acc[2]), bs1), mul_rn(sub_rn(v3, acc[3]), bs1))
     if level == 2:
         return bf16_b_fragment(mma_bf16_16816(a_inv, bf16_b_fragment(r), (zero, zero, zero, zero))), None
-    return split_b_fragment(mma_split(a_inv, split_b_fragment(r), zero))
+    if level == 3:
+        return split_b_fragment(mma_split(a_inv, split_b_fragment(r), zero))
+    return bf16_b_fragment(mma_split(a_inv, split_b_fragment(r), zero)), None
 
 
 def state_f32_step(st, e: int, gam0, gam1, ds):
