@@ -76,7 +76,8 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
     forces up to that many segments per sequence (tests). `value_split` forces the K2 value-column
     split (1, 2 or 4; tests and benchmarks). `numerics`: "flashkda" (default) computes FlashKDA's
     rounding recipe bit for bit (bf16 state between chunks); "accurate" keeps the state, the CP
-    carries and the solve's intermediates in fp32 (docs/numerics.md: errors and costs measured).
+    carries and the solve's residual in fp32 and rounds each gated operand once (docs/numerics.md:
+    errors and costs measured).
 
     State pool (docs/state_pool.md): `state_pool` [S, H, 128, 128] bf16 or fp32 (slots may be
     padded apart) and `state_indices` int32 [N] on the device: sequence n starts from
