@@ -62,7 +62,7 @@ from cutlass import Float32, Int32, Int64
 from .ptx_ops import (fma_rn, ldg_b32, lds_b32, lds_bf16_f32, lds_f32, ldsm_x4, ldsm_x4_t, mma_bf16_16816,
                       pack_bf16x2, select_b32, stg_f32, stg_f32_pair_from_bf16, sts_b32, unpack_bf16x2)
 from .recurrence_common import (BSIG_BYTES, GT_BYTES, HEAD_ROW_BYTES, SQ_BYTES, STAGES, TILE_BYTES, alloc_ring,
-                                init_ring, mma_state_update, mma_warps, produce_tiles, solve_u_fragment,
+                                init_ring, mma_split, mma_warps, produce_tiles, solve_u_fragment,
                                 solve_u_fragment_accurate, state_f32_step, state_words_step, v_stride)
 from .tile_ops import CHUNK, D, await_previous_grid, m_seg_column
 
@@ -233,11 +233,11 @@ def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, 
                         w_a0 = region + 128 * (nb + NB * (2 * mb)) + 4 * lane
                         w_a1 = w_a0 + 128 * NB
                         if cutlass.const_expr(accurate):
-                            ds = mma_state_update(a_kr, u_frag[nb], zero)
+                            ds = mma_split(a_kr, u_frag[nb], zero)
                             wa, wb = state_f32_step(st, 4 * (nb + NB * mb), gam0, gam1, ds)
                             sts_b32(w_a0, wa)
                             sts_b32(w_a1, wb)
-                            dx = mma_state_update(a_kr, x_frag[nb], zero)
+                            dx = mma_split(a_kr, x_frag[nb], zero)
                         else:
                             ds = mma_bf16_16816(a_kr, u_frag[nb], (zero, zero, zero, zero))
                             iw = 2 * (mb * NB + nb)

@@ -64,7 +64,7 @@ from .ptx_ops import (add_rn, ldg_b32, ldg_bf16_pair, ldg_f32, ldg_f32_pair_bf16
                       ldsm_x4, ldsm_x4_t, mma_bf16_16816, pack_bf16x2, round_bf16x2, select_b32, stg_b32_if, stg_bf16_pair,
                       stg_f32, stg_f32_pair_from_bf16, sts_b32, unpack_bf16x2)
 from .recurrence_common import (BSIG_BYTES, GT_BYTES, HEAD_ROW_BYTES, SQ_BYTES, STAGES, TILE_BYTES, alloc_ring,
-                                init_ring, mma_split, mma_state_update, mma_warps, produce_tiles, solve_u_fragment,
+                                init_ring, mma_split, mma_warps, produce_tiles, solve_u_fragment,
                                 solve_u_fragment_accurate, state_f32_step, state_words_step, v_stride)
 from .state_io import checkpoint_due, pool_slot, sequence_start_of
 from .tile_ops import CHUNK, D, await_previous_grid
@@ -349,7 +349,7 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
                         w_a0 = region + 128 * (nb + NB * (2 * mb)) + 4 * lane
                         w_a1 = w_a0 + 128 * NB
                         if cutlass.const_expr(accurate):
-                            ds = mma_state_update(a_kr, u_frag[nb], zero, ablation)
+                            ds = mma_split(a_kr, u_frag[nb], zero)
                             wa, wb = state_f32_step(st, 4 * (nb + NB * mb), gam0, gam1, ds)
                             sts_b32(w_a0, wa)
                             sts_b32(w_a1, wb)

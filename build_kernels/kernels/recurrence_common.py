@@ -171,13 +171,8 @@ def mma_split(a, b_pair, zero):
 #   2  A1 + A2 + A5: u unrounded, r and U rounded once to bf16, one output rounding
 #   3  the fifth session's recipe: Q4 and Q5 take U as hi + lo (A4; nine more MMAs per n-block,
 #      about 12% of the time; with K1' it buys less than K1' itself, docs/numerics.md)
-def mma_state_update(a, b_pair, zero, level: int = 0):
-    """Q5's acc32(Kr^T U) of numerics="accurate": U's bf16 half (hi + lo at level 3)."""
-    if level == 3:
-        return mma_split(a, b_pair, zero)
-    return mma_bf16_16816(a, b_pair[0], (zero, zero, zero, zero))
-
-
+# The U fragment solve_u_fragment_accurate returns carries its level: a lo half only at level 3, so
+# Q4 and Q5 are mma_split of it at every level.
 def solve_u_fragment_accurate(acc, v_words, bs0, bs1, a_inv, zero, level: int = 0):
     """Q2 + Q3 of numerics="accurate": r = (v - u) * bsig in fp32 from the unrounded u (FlashKDA
     rounds u and v - u to bf16), U = acc32(INV (r_hi + r_lo)); returns U split as (hi, lo) B
