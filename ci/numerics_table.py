@@ -122,8 +122,8 @@ def timing(report: Report, iters: int, warmup: int) -> None:
 # With numerics="accurate" every row runs K1' (the gated operands rounded once, docs/numerics.md).
 RECIPES = [("flashkda", "flashkda", None), ("K1' + A1: fp32 state", "accurate", 1),
            ("K1' + A1 + A2 + A5: u unrounded, one output rounding", "accurate", 2),
-           ("accurate (K1', A1-A5, Q5 takes bf16 U)", "accurate", None),
-           ("the same with Q5 taking U as hi + lo (the fifth session's A4 in Q5)", "accurate", 3)]
+           ("accurate (K1', A1-A3 and A5: U rounded once)", "accurate", None),
+           ("the same with U as hi + lo in Q4 and Q5 (A4, the fifth session's tile step)", "accurate", 3)]
 
 
 def fla_errors(x, gold):
