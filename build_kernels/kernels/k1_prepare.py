@@ -34,6 +34,7 @@ when registers stay <= 64/thread):
                                                      Kr images (4096 B each) alias them
   sKi               4096 B                           Ki image (ldmatrix B operand of both products)
   sE, sEbar         2 x 4352 B                       bf(2^G), bf(2^-G), padded rows like staging
+                                                     (K1': fp32, 2 x 16 x 132 x 4 = 2 x 8448 B)
   sGb               256 B                            bf(gamma)
   mbar              8 B
 
@@ -62,6 +63,17 @@ PAD_ROW = D + 8  # staging row stride in elements (272 B, a multiple of 16 for t
 TILE_BYTES = CHUNK * D * 2  # one raw image
 KSTEP_BYTES = 512  # one 16-column k-step of a raw image: core matrices (0,2kk),(1,2kk),(0,2kk+1),(1,2kk+1)
 F16_ONE = 0x3C00
+# Row stride (elements) of K1's fp32 decay factors. Stage 3 reads them 32 bytes per lane with 8
+# consecutive rows in 8 consecutive lanes: at PAD_ROW (544 B) those rows start 8 banks apart, so a
+# quarter warp touches 16 of the 32 banks (2-way conflicts); at 528 B they start 4 banks apart.
+F32_FACTOR_ROW = D + 4
+
+
+def _factor_layout(accurate: bool):
+    """sE / sEbar: bf16 rows at the staging stride (FlashKDA's K1, unchanged), fp32 rows at
+    F32_FACTOR_ROW (K1')."""
+    row = F32_FACTOR_ROW if accurate else PAD_ROW
+    return cute.make_layout((CHUNK, row), stride=(row, 1))
 
 
 def _select(cond, a, b, ty):
@@ -118,8 +130,8 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
     # The decay factors 2^G, 2^-G and gamma: bf16 in FlashKDA's recipe (P4/P5), fp32 with
     # numerics="accurate", whose gated operands are each rounded once (docs/numerics.md, K1').
     factor = Float32 if cutlass.const_expr(accurate) else BFloat16
-    sE = smem.allocate_tensor(factor, stage_layout, byte_alignment=128)
-    sEbar = smem.allocate_tensor(factor, stage_layout, byte_alignment=128)
+    sE = smem.allocate_tensor(factor, _factor_layout(accurate), byte_alignment=128)
+    sEbar = smem.allocate_tensor(factor, _factor_layout(accurate), byte_alignment=128)
     sGb = smem.allocate_tensor(factor, cute.make_layout(D), byte_alignment=16)
     mbar = smem.allocate_array(Int64, 1)
     # Output images alias the staging buffers: all staging reads finish before barrier B1.
@@ -255,8 +267,8 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
             if cutlass.const_expr(accurate):
                 # ---- stage 3 of numerics="accurate" (K1'): Qd = bf(q 2^G scale), Kd = bf(k 2^G),
                 # Ki = bf(k 2^-G), Kr = bf(k 2^-G gamma), each rounded once from fp32 factors.
-                e_row = sE.iterator.toint() + row * (PAD_ROW * 4)
-                ebar_row = sEbar.iterator.toint() + row * (PAD_ROW * 4)
+                e_row = sE.iterator.toint() + row * (F32_FACTOR_ROW * 4)
+                ebar_row = sEbar.iterator.toint() + row * (F32_FACTOR_ROW * 4)
                 for s in cutlass.range_constexpr(4):
                     j = quad + 4 * s
                     img = 2 * cute.crd2idx((row, 8 * j), raw_tile_layout())
