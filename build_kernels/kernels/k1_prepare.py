@@ -295,7 +295,6 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
                             q0, q1 = bf16x2_to_f32x2(hat[4 * s + t])
                             qd.append(f32x2_to_bf16x2((q0 * ev[2 * t]) * scale, (q1 * ev[2 * t + 1]) * scale))
                         st_shared_v4(sQd.iterator.toint() + img, qd)
-                cute.arch.fence_proxy("async.shared", space="cta")
             else:
                 # ---- stage 3: decayed tiles (P5), written into the raw images.
                 e_row = sE.iterator.toint() + row * (PAD_ROW * 2)
@@ -336,8 +335,8 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
                             qe0, qe1 = bf16x2_to_f32x2(f32x2_to_bf16x2(q0 * e0, q1 * e1))
                             qd.append(f32x2_to_bf16x2(qe0 * bscale, qe1 * bscale))
                         st_shared_v4(sQd.iterator.toint() + img, qd)
-                # The S2G bulk copies read the images through the async proxy.
-                cute.arch.fence_proxy("async.shared", space="cta")
+            # The S2G bulk copies read the images through the async proxy.
+            cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier()  # B2
 
         # ---- stage 4
