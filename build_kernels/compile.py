@@ -72,16 +72,21 @@ def fingerprint(variant: Variant) -> str:
     return h.hexdigest()[:20]
 
 
+def compile_entry(variant: Variant, extra_options: str = ""):
+    """cute.compile of the variant's host entry with its constants: the one place the build, the
+    PTX check and the compile-only tests compile a kernel."""
+    mod = importlib.import_module(f"build_kernels.kernels.{variant.module}")
+    return cute.compile(getattr(mod, variant.entry), *[fake_arg(a) for a in variant.args],
+                        **dict(variant.constants), options=OPTIONS + extra_options)
+
+
 def compile_variant(variant: Variant, out_dir: Path, cache_dir: Path) -> bool:
     """Writes out_dir/<name>.o and .h; returns True when it came from the cache."""
     key = fingerprint(variant)
     cached = cache_dir / f"{variant.name}-{key}"
     if not (cached / f"{variant.name}.o").exists():
-        mod = importlib.import_module(f"build_kernels.kernels.{variant.module}")
-        entry = getattr(mod, variant.entry)
-        args = [fake_arg(a) for a in variant.args]
         try:
-            compiled = cute.compile(entry, *args, **dict(variant.constants), options=OPTIONS)
+            compiled = compile_entry(variant)
             tmp = cached.with_name(cached.name + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)

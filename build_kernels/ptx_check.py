@@ -11,7 +11,6 @@ This is how the shared K2 / pre_scan helpers of tile step Q2, Q3 and Q5 were che
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 import tempfile
 from pathlib import Path
@@ -22,12 +21,8 @@ from .registry import all_variants
 
 def variant_ptx(variant) -> str:
     """The variant's PTX without comment lines (they carry paths and tool versions)."""
-    import cutlass.cute as cute
-
     with tempfile.TemporaryDirectory() as tmp:
-        mod = importlib.import_module(f"build_kernels.kernels.{variant.module}")
-        cute.compile(getattr(mod, variant.entry), *[kc.fake_arg(a) for a in variant.args], **dict(variant.constants),
-                     options=kc.OPTIONS + f" --keep-ptx --dump-dir {tmp}")
+        kc.compile_entry(variant, f" --keep-ptx --dump-dir {tmp}")
         files = sorted(Path(tmp).rglob("*.ptx"))
         if not files:
             raise kc.KernelCompileError(f"kernel {variant.name}: no PTX was dumped")

@@ -35,19 +35,12 @@ def _representatives():
 
 @pytest.fixture(scope="module")
 def ptx_of(tmp_path_factory):
-    import cutlass.cute as cute
-
     cache = {}
 
     def compile_ptx(variant):
         if variant.name not in cache:
-            import importlib
-
             out = tmp_path_factory.mktemp(variant.name)
-            mod = importlib.import_module(f"build_kernels.kernels.{variant.module}")
-            args = [kc.fake_arg(a) for a in variant.args]
-            cute.compile(getattr(mod, variant.entry), *args, **dict(variant.constants),
-                         options=kc.OPTIONS + f" --keep-ptx --dump-dir {out}")
+            kc.compile_entry(variant, f" --keep-ptx --dump-dir {out}")
             files = list(Path(out).rglob("*.ptx"))
             assert files, f"no PTX dumped for {variant.name}"
             cache[variant.name] = "\n".join(f.read_text() for f in files)
@@ -93,6 +86,56 @@ def test_prefill_kernels_wait_for_the_previous_grid_first(ptx_of, variant):
     accesses = [m.start() for m in re.finditer(r"\b(?:ld|st|atom|red)(?:\.\w+)*\.global\b|cp\.async\S*global", body)]
     assert not accesses or wait < min(accesses), f"{variant.name}: global access before griddepcontrol.wait"
     assert "griddepcontrol.launch_dependents" not in body  # no early trigger (tile_ops.await_previous_grid)
+
+
+# The serial accurate VB=128 K2 needs two CTAs per SM to keep up with the default one, which is why
+# its warp 0 produces (k2_recurrence.folded_producer, docs/k2_producer.md). Registers are allocated per SM sub-partition (four of 16384, a CTA's
+# warps dealt round-robin over them), so two 8-warp CTAs fit at up to 128 registers per thread.
+TWO_CTAS_MAX_REGISTERS = 128
+
+
+def _cubin_resources(tmp_path, variant):
+    from build_kernels.cubin_info import kernel_resources
+
+    kc.compile_entry(variant, f" --keep-cubin --keep-ptx --dump-dir {tmp_path}")
+    cubins = list(tmp_path.rglob("*.cubin"))
+    assert len(cubins) == 1, cubins
+    found = kernel_resources(cubins[0])
+    assert len(found["registers"]) == 1, found
+    return next(iter(found["registers"].values())), next(iter(found["frame_bytes"].values()), 0)
+
+
+def _folded(variant) -> bool:
+    from build_kernels.kernels.k2_recurrence import folded_producer
+
+    constants = dict(variant.constants)
+    return variant.entry in ("k2_recurrence", "k2_segments") and folded_producer(
+        constants["value_block"], constants.get("accurate", False), variant.entry == "k2_segments")
+
+
+FOLDED = [v for v in all_variants() if _folded(v)]
+
+
+def test_the_folded_producer_is_the_serial_accurate_vb128_recurrence():
+    assert {v.name for v in FOLDED} == {v.name for v in all_variants() if v.entry == "k2_recurrence"
+                                        and v.name.endswith("_vb128_acc")}
+
+
+@pytest.mark.parametrize("variant", FOLDED, ids=lambda v: v.name)
+def test_folded_recurrence_fits_two_ctas_per_sm(tmp_path, variant):
+    """Read from the cubin ptxas made (build_kernels/cubin_info.py): 256 threads, at most 128
+    registers, no spill (a spill needs a stack frame)."""
+    registers, frame = _cubin_resources(tmp_path, variant)
+    assert registers <= TWO_CTAS_MAX_REGISTERS and frame == 0, (variant.name, registers, frame)
+    assert ".reqntid 256, 1, 1" in "\n".join(f.read_text() for f in tmp_path.rglob("*.ptx"))
+
+
+def test_cubin_reader_sees_a_spill(tmp_path):
+    """The reader's negative control: CP pre_scan at VB=128 is known to spill a few bytes
+    (docs/numerics.md, registers), so its frame is not empty."""
+    variant = next(v for v in all_variants() if v.name == "cp_pre_scan_vb128")
+    registers, frame = _cubin_resources(tmp_path, variant)
+    assert registers > TWO_CTAS_MAX_REGISTERS and frame > 0, (registers, frame)
 
 
 def test_ptx_check_finds_identical_and_changed_kernels(tmp_path, capsys):

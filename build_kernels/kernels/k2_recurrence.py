@@ -15,6 +15,9 @@ Thread roles (no store warp: outputs go straight from the MMA warps as predicate
              in smem state is shared with another warp, so the MMA warps never synchronise with each
              other, only with the producer through the stage barriers.
   warp W     producer: elected lanes arm the stage and issue every bulk copy of a tile (3 elect regions).
+             The serial accurate VB=128 kernel has no warp W (folded_producer): MMA warp 0 issues the first
+             PREFETCH = 2 tiles before the entry state loads and tile i + 2 at the start of tile i,
+             so that its 8-warp CTAs fit two per SM at 128 registers (docs/k2_producer.md).
 
 Per tile, per MMA warp (all fragments in registers; fp32 ops separately rounded, docs/algorithm.md §2.4):
   Q1  u = bf(acc32(Kd S^T)), o1 = bf(acc32(Qd S^T)): 8 k-steps of m16n8k16 per n-block, A from the raw
@@ -52,6 +55,9 @@ Pipeline protocol (hand-rolled ring, STAGES stages, tile i uses stage s = i % ST
             not carry the other lanes' reads through the __syncwarp (docs/sanitizers.md).
   State     Q1 reads other lanes' S^T words (ldmatrix), Q5 then overwrites them: a __syncwarp between
             the two (WAR), and the end-of-tile __syncwarp before the next Q1 (RAW).
+  Folded   warp 0 issues tile i + 2 into stage (i + 2) % STAGES = (i - 1) % STAGES at the start of
+            tile i, after the same empty wait: every warp released tile i - 1 at its end, so the wait
+            is short, and the copies have a whole tile to land.
   Every tile the producer issues is consumed, so no copy is in flight when the CTA exits.
 """
 
@@ -64,7 +70,7 @@ from .ptx_ops import (add_rn, ldg_b32, ldg_bf16_pair, ldg_f32, ldg_f32_pair_bf16
                       ldsm_x4, ldsm_x4_t, mma_bf16_16816, pack_bf16x2, round_bf16x2, select_b32, stg_b32_if, stg_bf16_pair,
                       stg_f32, stg_f32_pair_from_bf16, sts_b32, unpack_bf16x2)
 from .recurrence_common import (BSIG_BYTES, GT_BYTES, HEAD_ROW_BYTES, SQ_BYTES, STAGES, TILE_BYTES, alloc_ring,
-                                init_ring, mma_split, mma_warps, produce_tiles, solve_u_fragment,
+                                init_ring, mma_split, mma_warps, produce_tile, produce_tiles, solve_u_fragment,
                                 solve_u_fragment_accurate, state_f32_step, state_words_step, v_stride)
 from .state_io import checkpoint_due, pool_slot, sequence_start_of
 from .tile_ops import CHUNK, D, await_previous_grid
@@ -79,10 +85,45 @@ OFF_V = OFF_BSIG + 128
 FIXED_TX = 3 * TILE_BYTES + GT_BYTES + 2 * SQ_BYTES + BSIG_BYTES  # 13856 bytes + the v rows
 
 
+def folded_producer(vb: int, accurate: bool, segmented: bool) -> bool:
+    """Whether MMA warp 0 also produces the tiles, in place of a producer warp of its own.
+
+    Only the serial accurate VB=128 kernel. Its fp32 state needs 128 registers per thread, and
+    registers are allocated per SM sub-partition (four of 16384, a CTA's warps dealt round-robin),
+    so two CTAs per SM fit with 8 warps each (4 per sub-partition) but not with 9 (5 on two of
+    them: at most 96 registers, which spills). Warp 0's copies lengthen its tile, so folding pays
+    only where the second CTA per SM does: with more CTAs than SMs. Folded, H=64 [8192] at VB=64
+    went from 0.760 to 0.989 ms and the CP rows (segments, fewer CTAs than SMs) lost 6-7%
+    (docs/k2_producer.md)."""
+    return accurate and vb == 128 and not segmented
+
+
+def k2_threads(vb: int, accurate: bool, segmented: bool) -> int:
+    """Threads per K2 CTA: the MMA warps, and the producer warp unless warp 0 produces."""
+    return 32 * (mma_warps(vb) + (0 if folded_producer(vb, accurate, segmented) else 1))
+
+
+# Tiles in flight ahead of the one being computed when warp 0 produces: tile i + PREFETCH goes into
+# the stage tile i - 1 used, which every warp has released by the time warp 0 starts tile i.
+PREFETCH = STAGES - 1
+
+
 def stage_bytes(vb: int) -> int:
     return (OFF_V + CHUNK * v_stride(vb) + 127) // 128 * 128
 
 
+
+
+def _tile_source(tok0, tok_end, h64, H64, cap, tile0, vblk, VB: int, v_ptr, qd_ptr, kd_ptr, kr_ptr, gt_ptr, inv_ptr,
+                 mqk_ptr, bsig_ptr):
+    """The arguments of produce_tile(s) after the ring and the tile index: where tile j of this
+    CTA's (sequence, head) comes from, and K2's stage layout."""
+    return (tok0, tok_end, h64 * Int64(cap) + Int64(tile0),
+            v_ptr + h64 * HEAD_ROW_BYTES + Int64(vblk * (VB * 2)), H64 * HEAD_ROW_BYTES,
+            ((OFF_QD, qd_ptr), (OFF_KD, kd_ptr), (OFF_KR, kr_ptr)),
+            ((OFF_GT, gt_ptr, GT_BYTES), (OFF_INV, inv_ptr, SQ_BYTES), (OFF_MQK, mqk_ptr, SQ_BYTES),
+             (OFF_BSIG, bsig_ptr, BSIG_BYTES)),
+            stage_bytes(VB), OFF_V, v_stride(VB), FIXED_TX, VB * 2)
 
 
 def _store_exit_state(final_ptr, final_base, region, lane, col0, NB: int, NW: int, final_fp32: bool):
@@ -162,7 +203,8 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
                ablation: cutlass.Constexpr[int]):
     VB = value_block
     MMA_WARPS = mma_warps(VB)
-    LOAD_WARP = MMA_WARPS
+    FOLDED = folded_producer(VB, accurate, final_slots)  # final_slots: a segmented (CP) K2
+    LOAD_WARP = MMA_WARPS  # the producer warp; the folded kernel's CTA has no warp of this index
     NW = VB // MMA_WARPS  # value columns per MMA warp
     NB = NW // 8  # n-blocks of 8 per warp
     VSTR = v_stride(VB)
@@ -217,14 +259,20 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
 
         if warp == LOAD_WARP:
             # ---------------------------------------------------------------- producer
-            produce_tiles(full, empty, buf_addr, ntiles, tok0, tok_end, h64 * Int64(cap) + Int64(tile0),
-                          v_ptr + h64 * HEAD_ROW_BYTES + Int64(vblk * (VB * 2)), H64 * HEAD_ROW_BYTES,
-                          ((OFF_QD, qd_ptr), (OFF_KD, kd_ptr), (OFF_KR, kr_ptr)),
-                          ((OFF_GT, gt_ptr, GT_BYTES), (OFF_INV, inv_ptr, SQ_BYTES), (OFF_MQK, mqk_ptr, SQ_BYTES),
-                           (OFF_BSIG, bsig_ptr, BSIG_BYTES)),
-                          SB, OFF_V, VSTR, FIXED_TX, VB * 2)
+            if cutlass.const_expr(not FOLDED):
+                produce_tiles(full, empty, buf_addr, ntiles, *_tile_source(tok0, tok_end, h64, H64, cap, tile0, vblk, VB,
+                                                                           v_ptr, qd_ptr, kd_ptr, kr_ptr, gt_ptr,
+                                                                           inv_ptr, mqk_ptr, bsig_ptr))
         else:
             # ---------------------------------------------------------------- MMA warps
+            if cutlass.const_expr(FOLDED):
+                # warp 0 produces: the first PREFETCH tiles now, overlapping the entry state's load
+                tile_source = _tile_source(tok0, tok_end, h64, H64, cap, tile0, vblk, VB, v_ptr, qd_ptr, kd_ptr,
+                                           kr_ptr, gt_ptr, inv_ptr, mqk_ptr, bsig_ptr)
+                if warp == 0:
+                    for t in cutlass.range_constexpr(PREFETCH):
+                        if t < ntiles:
+                            produce_tile(full, empty, buf_addr, Int32(t), *tile_source)
             w = warp
             g = lane >> 2  # C-fragment row (and row + 8)
             q = lane & 3  # C-fragment column pair
@@ -275,6 +323,11 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
                 _load_master_state(st, st_words, init_ptr, state_base, col0, g, q, NB, has_initial and state_fp32)
             for i in cutlass.range(ntiles, unroll=1):
                 s = i % STAGES
+                if cutlass.const_expr(FOLDED):
+                    # the warps take turns, so each pays for one tile's copies in MMA_WARPS
+                    if warp == i % MMA_WARPS:
+                        if i + PREFETCH < ntiles:
+                            produce_tile(full, empty, buf_addr, i + PREFETCH, *tile_source)
                 cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
                 sb = buf_addr + s * SB
                 start = tok0 + i * CHUNK
@@ -409,7 +462,7 @@ def k2_recurrence(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd
                Int64(0), Int64(0), Int32(0), Int64(0), Int32(0), cute.make_tensor(seq_start, table), n_seq,
                seq_order.toint(),
                has_initial, has_final, state_fp32, value_block, state_fp32, False, False, accurate, ablation).launch(
-        grid=(n_seq * n_heads, 1, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream,
+        grid=(n_seq * n_heads, 1, D // value_block), block=(k2_threads(value_block, accurate, False), 1, 1), stream=stream,
         use_pdl=True)
 
 
@@ -434,7 +487,7 @@ def k2_segments(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: 
                Int64(0), Int64(0), Int32(0), Int64(0), Int32(0), cute.make_tensor(seg_start, table), n_seg,
                Int64(0),
                True, True, True, value_block, final_fp32, True, False, accurate, 0).launch(
-        grid=(n_seg * n_heads, 1, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream,
+        grid=(n_seg * n_heads, 1, D // value_block), block=(k2_threads(value_block, accurate, True), 1, 1), stream=stream,
         use_pdl=True)
 
 
@@ -468,5 +521,5 @@ def k2_ext(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: cute.
                state_index.toint(), slot_stride, n_pool, checkpoints.toint(), checkpoint_every,
                cute.make_tensor(real_seq_start, cute.make_layout(n_real + 1)), n_real, seq_order.toint(),
                True, True, state_fp32, value_block, final_fp32, segments, True, False, 0).launch(
-        grid=(n_seq * n_heads, 1, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream,
+        grid=(n_seq * n_heads, 1, D // value_block), block=(k2_threads(value_block, False, segments), 1, 1), stream=stream,
         use_pdl=True)

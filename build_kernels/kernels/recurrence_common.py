@@ -65,36 +65,46 @@ def init_ring(warp: Int32, full: cute.Pointer, empty: cute.Pointer, consumers: c
 
 
 @cute.jit
-def produce_tiles(full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, ntiles: Int32, tok0: Int32,
-                  tok_end: Int32, slot0: Int64, v_row0: Int64, row_step: Int64, images: tuple, smalls: tuple,
-                  stage: cutlass.Constexpr[int], off_v: cutlass.Constexpr[int], vstr: cutlass.Constexpr[int],
-                  fixed_tx: cutlass.Constexpr[int], v_bytes: cutlass.Constexpr[int]):
-    """The producer warp of K2 and pre_scan: per tile, wait for the stage to be free, arm it with the
+def produce_tile(full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, i: Int32, tok0: Int32, tok_end: Int32,
+                 slot0: Int64, v_row0: Int64, row_step: Int64, images: tuple, smalls: tuple,
+                 stage: cutlass.Constexpr[int], off_v: cutlass.Constexpr[int], vstr: cutlass.Constexpr[int],
+                 fixed_tx: cutlass.Constexpr[int], v_bytes: cutlass.Constexpr[int]):
+    """Tile i of the ring, issued by one whole warp: wait for its stage to be free, arm it with the
     exact bytes of its copies, and issue them (three elected regions: arm + raw images, the small
     per-tile tensors, the m valid v rows).
 
     images: ((smem offset, global base), ...) of 4 KiB raw tile images; smalls: ((smem offset,
     global base, bytes), ...) of per-slot tensors; v rows start at v_row0 + token * row_step.
     """
+    s = i % STAGES
+    cute.arch.mbarrier_wait(empty + s, ((i // STAGES) & 1) ^ 1)
+    start = tok0 + i * CHUNK
+    m = cutlass.min(tok_end - start, CHUNK)
+    slot = slot0 + Int64(i)
+    sb = buf_addr + s * stage
+    fb = (full + s).toint()
+    with cute.arch.elect_one():
+        cute.arch.mbarrier_arrive_and_expect_tx(full + s, fixed_tx + m * v_bytes)
+        for off, base in images:
+            bulk_g2s(sb + off, base + slot * TILE_BYTES, TILE_BYTES, fb)
+    with cute.arch.elect_one():
+        for off, base, nbytes in smalls:
+            bulk_g2s(sb + off, base + slot * nbytes, nbytes, fb)
+    with cute.arch.elect_one():
+        vrow = v_row0 + Int64(start) * row_step
+        for r in cutlass.range(m, unroll=1):
+            bulk_g2s(sb + off_v + r * vstr, vrow + Int64(r) * row_step, v_bytes, fb)
+
+
+@cute.jit
+def produce_tiles(full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, ntiles: Int32, tok0: Int32,
+                  tok_end: Int32, slot0: Int64, v_row0: Int64, row_step: Int64, images: tuple, smalls: tuple,
+                  stage: cutlass.Constexpr[int], off_v: cutlass.Constexpr[int], vstr: cutlass.Constexpr[int],
+                  fixed_tx: cutlass.Constexpr[int], v_bytes: cutlass.Constexpr[int]):
+    """pre_scan's producer warp: every tile in order, each as produce_tile."""
     for i in cutlass.range(ntiles, unroll=1):
-        s = i % STAGES
-        cute.arch.mbarrier_wait(empty + s, ((i // STAGES) & 1) ^ 1)
-        start = tok0 + i * CHUNK
-        m = cutlass.min(tok_end - start, CHUNK)
-        slot = slot0 + Int64(i)
-        sb = buf_addr + s * stage
-        fb = (full + s).toint()
-        with cute.arch.elect_one():
-            cute.arch.mbarrier_arrive_and_expect_tx(full + s, fixed_tx + m * v_bytes)
-            for off, base in images:
-                bulk_g2s(sb + off, base + slot * TILE_BYTES, TILE_BYTES, fb)
-        with cute.arch.elect_one():
-            for off, base, nbytes in smalls:
-                bulk_g2s(sb + off, base + slot * nbytes, nbytes, fb)
-        with cute.arch.elect_one():
-            vrow = v_row0 + Int64(start) * row_step
-            for r in cutlass.range(m, unroll=1):
-                bulk_g2s(sb + off_v + r * vstr, vrow + Int64(r) * row_step, v_bytes, fb)
+        produce_tile(full, empty, buf_addr, i, tok0, tok_end, slot0, v_row0, row_step, images, smalls, stage, off_v,
+                     vstr, fixed_tx, v_bytes)
 
 
 def _v_values(v_words, zero):
