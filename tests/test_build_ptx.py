@@ -88,9 +88,10 @@ def test_prefill_kernels_wait_for_the_previous_grid_first(ptx_of, variant):
     assert "griddepcontrol.launch_dependents" not in body  # no early trigger (tile_ops.await_previous_grid)
 
 
-# The serial accurate VB=128 K2 needs two CTAs per SM to keep up with the default one, which is why
-# its warp 0 produces (k2_recurrence.folded_producer, docs/k2_producer.md). Registers are allocated per SM sub-partition (four of 16384, a CTA's
-# warps dealt round-robin over them), so two 8-warp CTAs fit at up to 128 registers per thread.
+# The serial accurate VB=128 K2 needs two CTAs per SM to keep up with the default one, which is
+# why its MMA warps produce the tiles themselves (k2_recurrence.folded_producer,
+# docs/k2_producer.md). Registers are allocated per SM sub-partition (four of 16384, a CTA's warps
+# dealt round-robin over them), so two 8-warp CTAs fit at up to 128 registers per thread.
 TWO_CTAS_MAX_REGISTERS = 128
 
 

@@ -15,9 +15,10 @@ Thread roles (no store warp: outputs go straight from the MMA warps as predicate
              in smem state is shared with another warp, so the MMA warps never synchronise with each
              other, only with the producer through the stage barriers.
   warp W     producer: elected lanes arm the stage and issue every bulk copy of a tile (3 elect regions).
-             The serial accurate VB=128 kernel has no warp W (folded_producer): MMA warp 0 issues the first
-             PREFETCH = 2 tiles before the entry state loads and tile i + 2 at the start of tile i,
-             so that its 8-warp CTAs fit two per SM at 128 registers (docs/k2_producer.md).
+             The serial accurate VB=128 kernel has no warp W (folded_producer): MMA warp 0 issues the
+             first PREFETCH = 2 tiles before the entry state loads, and MMA warp i % W issues tile
+             i + 2 at the start of tile i, so that its 8-warp CTAs fit two per SM at 128 registers
+             (docs/k2_producer.md).
 
 Per tile, per MMA warp (all fragments in registers; fp32 ops separately rounded, docs/algorithm.md §2.4):
   Q1  u = bf(acc32(Kd S^T)), o1 = bf(acc32(Qd S^T)): 8 k-steps of m16n8k16 per n-block, A from the raw
@@ -55,9 +56,9 @@ Pipeline protocol (hand-rolled ring, STAGES stages, tile i uses stage s = i % ST
             not carry the other lanes' reads through the __syncwarp (docs/sanitizers.md).
   State     Q1 reads other lanes' S^T words (ldmatrix), Q5 then overwrites them: a __syncwarp between
             the two (WAR), and the end-of-tile __syncwarp before the next Q1 (RAW).
-  Folded   warp 0 issues tile i + 2 into stage (i + 2) % STAGES = (i - 1) % STAGES at the start of
-            tile i, after the same empty wait: every warp released tile i - 1 at its end, so the wait
-            is short, and the copies have a whole tile to land.
+  Folded   warp i % W issues tile i + 2 into stage (i + 2) % STAGES = (i - 1) % STAGES at the start
+            of tile i, after the same empty wait: every warp released tile i - 1 at its end, so the
+            wait is short, and the copies have more than a tile to land.
   Every tile the producer issues is consumed, so no copy is in flight when the CTA exits.
 """
 
@@ -86,12 +87,12 @@ FIXED_TX = 3 * TILE_BYTES + GT_BYTES + 2 * SQ_BYTES + BSIG_BYTES  # 13856 bytes 
 
 
 def folded_producer(vb: int, accurate: bool, segmented: bool) -> bool:
-    """Whether MMA warp 0 also produces the tiles, in place of a producer warp of its own.
+    """Whether the MMA warps also produce the tiles (taking turns), in place of a producer warp.
 
     Only the serial accurate VB=128 kernel. Its fp32 state needs 128 registers per thread, and
     registers are allocated per SM sub-partition (four of 16384, a CTA's warps dealt round-robin),
     so two CTAs per SM fit with 8 warps each (4 per sub-partition) but not with 9 (5 on two of
-    them: at most 96 registers, which spills). Warp 0's copies lengthen its tile, so folding pays
+    them: at most 96 registers, which spills). Issuing copies lengthens a warp's tile, so folding pays
     only where the second CTA per SM does: with more CTAs than SMs. Folded, H=64 [8192] at VB=64
     went from 0.760 to 0.989 ms and the CP rows (segments, fewer CTAs than SMs) lost 6-7%
     (docs/k2_producer.md)."""
@@ -99,12 +100,13 @@ def folded_producer(vb: int, accurate: bool, segmented: bool) -> bool:
 
 
 def k2_threads(vb: int, accurate: bool, segmented: bool) -> int:
-    """Threads per K2 CTA: the MMA warps, and the producer warp unless warp 0 produces."""
+    """Threads per K2 CTA: the MMA warps, and the producer warp unless they produce themselves."""
     return 32 * (mma_warps(vb) + (0 if folded_producer(vb, accurate, segmented) else 1))
 
 
-# Tiles in flight ahead of the one being computed when warp 0 produces: tile i + PREFETCH goes into
-# the stage tile i - 1 used, which every warp has released by the time warp 0 starts tile i.
+# Tiles in flight ahead of the one being computed when the MMA warps produce: tile i + PREFETCH goes
+# into the stage tile i - 1 used, which every warp has released by the time any warp starts tile i
+# (folded_producer).
 PREFETCH = STAGES - 1
 
 
@@ -266,7 +268,8 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
         else:
             # ---------------------------------------------------------------- MMA warps
             if cutlass.const_expr(FOLDED):
-                # warp 0 produces: the first PREFETCH tiles now, overlapping the entry state's load
+                # the MMA warps produce: warp 0 the first PREFETCH tiles now, overlapping the entry
+                # state's load, then warp i % MMA_WARPS tile i + PREFETCH at the start of tile i
                 tile_source = _tile_source(tok0, tok_end, h64, H64, cap, tile0, vblk, VB, v_ptr, qd_ptr, kd_ptr,
                                            kr_ptr, gt_ptr, inv_ptr, mqk_ptr, bsig_ptr)
                 if warp == 0:
