@@ -155,7 +155,8 @@ def serial_launch(lib: KernelLibrary, problem: Problem, sm_count: int, value_spl
     if _index_only(problem):
         layout = serial_layout(problem)
         off = layout.pointers(0)
-        _sequence_tables(prog, problem, off, problem.N)
+        # no K2 reads a dispatch order here: the tables kernel skips its sort (null seq_order)
+        _sequence_tables(prog, problem, off, problem.N, order=False)
         _checkpoint_index(prog, problem, ws(off["seq_start"]))
         return Launch(prog.finish(), layout.nbytes, "serial")
     if problem.N == 0 or problem.H == 0:

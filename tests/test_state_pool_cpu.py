@@ -249,6 +249,9 @@ def test_checkpoints_without_states_and_without_heads(rec):
     ck0 = device_buffer("checkpoints", (4, 0, D, D), "float32")
     call(y, cp="off", checkpoint_every=64, checkpoints=ck0, checkpoint_index=ix, workspace=_ws())
     assert [launch.name for launch in rec.last] == ["seq_tables_int32", "checkpoint_index"]
+    assert rec.last[0].args["seq_order"] == 0, "no K2 follows: the tables kernel need not sort"
+    call(x, cp="off", checkpoint_every=64, checkpoints=ck, checkpoint_index=ix, workspace=_ws())
+    assert rec.last[0].args["seq_order"] != 0  # with heads, K2 follows the longest-first order
 
 
 def test_host_copy_of_the_indices_is_checked_on_every_call(rec):
