@@ -44,6 +44,13 @@ CASES = {
     "varlen-empty-and-1-token": lambda: run([0, 1, 40, 0, 1], 2, "bf16"),
     # K2's longest-first dispatch order over several length buckets (varlen_tiles.longest_first_order)
     "varlen-longest-first": lambda: run([17, 300, 0, 1300, 45, 700, 300], 3, "fp32"),
+    # small problems pick VB=32; these force the default recipe's VB=128 and VB=64 K2 (their own
+    # launch hints and operand schedules, docs/k2_schedule.md), serial, segmented and state pool
+    "serial-vb128": lambda: run([300, 17], 2, "bf16", value_split=1),
+    "serial-vb64": lambda: run([300, 17], 2, "fp32", value_split=2),
+    "cp-vb128": lambda: run([1200, 300], 2, "fp32", cp=4, value_split=1),
+    "cp-vb64": lambda: run([1200], 2, "bf16", cp=4, value_split=2),
+    "pool-serial-vb64": lambda: run_pool([300, 17, 64], 2, torch.bfloat16, value_split=2),
     "cp-on": lambda: run([1200], 2, "fp32", cp="on"),
     "cp-2": lambda: run([1200], 2, "bf16", cp=2),
     "cp-4": lambda: run([1200, 300], 2, None, cp=4),

@@ -131,6 +131,43 @@ def test_folded_recurrence_fits_two_ctas_per_sm(tmp_path, variant):
     assert ".reqntid 256, 1, 1" in "\n".join(f.read_text() for f in tmp_path.rglob("*.ptx"))
 
 
+def _min_ctas(variant):
+    from build_kernels.kernels.k2_recurrence import k2_min_ctas
+
+    constants = dict(variant.constants)
+    if variant.entry not in ("k2_recurrence", "k2_segments", "k2_ext"):
+        return None
+    segmented = variant.entry == "k2_segments" or constants.get("segments", False)
+    return k2_min_ctas(constants["value_block"], constants.get("accurate", False), segmented)
+
+
+HINTED = [v for v in all_variants() if _min_ctas(v)]
+
+
+def test_the_default_recipe_k2_at_vb128_and_vb64_carries_an_occupancy_hint():
+    names = {v.name for v in HINTED}
+    assert names and all("_acc" not in n and ("_vb128" in n or "_vb64" in n) for n in names), names
+    assert "k2_inout_bf16_vb64" in names and "k2_segments_f32_vb128" in names and "k2_ext_bf16_vb64" in names
+
+
+@pytest.mark.parametrize("variant", HINTED, ids=lambda v: v.name)
+def test_hinted_recurrence_fits_the_ctas_it_promises(tmp_path, variant):
+    """A K2 variant launched with min_blocks_per_mp = N (k2_recurrence.k2_min_ctas, docs/k2_schedule.md)
+    must still fit N CTAs per SM with registers allocated per SM sub-partition: ceil(N * warps / 4)
+    warps on the fullest of the four, 16384 registers each, a warp's registers in units of 256.
+    And no spill. Read from the cubin ptxas made."""
+    from build_kernels.kernels.k2_recurrence import k2_threads
+
+    n = _min_ctas(variant)
+    registers, frame = _cubin_resources(tmp_path, variant)
+    constants = dict(variant.constants)
+    warps = k2_threads(constants["value_block"], False, variant.entry == "k2_segments"
+                       or constants.get("segments", False)) // 32
+    per_warp = -(-registers * 32 // 256) * 256
+    assert -(-n * warps // 4) * per_warp <= 16384 and frame == 0, (variant.name, registers, frame)
+    assert f".minnctapersm {n}" in "\n".join(f.read_text() for f in tmp_path.rglob("*.ptx"))
+
+
 def test_cubin_reader_sees_a_spill(tmp_path):
     """The reader's negative control: CP pre_scan at VB=128 is known to spill a few bytes
     (docs/numerics.md, registers), so its frame is not empty."""

@@ -128,6 +128,83 @@ def _tile_source(tok0, tok_end, h64, H64, cap, tile0, vblk, VB: int, v_ptr, qd_p
             stage_bytes(VB), OFF_V, v_stride(VB), FIXED_TX, VB * 2)
 
 
+def k2_schedule(vb: int, accurate: bool, segmented: bool):
+    """(hoist, P1, P5): how far ahead of their use the PTX issues K2's shared-memory operand reads.
+    hoist: Q2-Q4's operands (INV, Mqk, bsig, v) before Q1; P1: Q1's Kd, Qd and S^T fragments this
+    many k-steps ahead; P5: Q5's Kr^T fragment and gamma this many m-blocks ahead. (False, 0, 0)
+    is the plain order, each read right before its MMA. ptxas reschedules either way, within the
+    registers it allows itself (k2_min_ctas); the table holds what measured faster
+    (docs/k2_schedule.md). The accurate recipe keeps the plain order."""
+    if accurate:
+        return False, 0, 0
+    return _SCHEDULE.get((vb, segmented), (False, 0, 0))
+
+
+# (value_block, segmented) -> schedule, measured on the H200 (docs/k2_schedule.md)
+_SCHEDULE = {(64, False): (True, 2, 2), (64, True): (True, 2, 2), (128, True): (True, 1, 1)}
+
+
+def k2_min_ctas(vb: int, accurate: bool, segmented: bool):
+    """The CTAs per SM ptxas may assume for a K2 variant (min_blocks_per_mp, PTX .minnctapersm), or
+    None. Given only .reqntid, ptxas holds the default VB=64 kernel at 56 registers and issues each
+    ldmatrix right before the MMA that reads it, so the MMA waits out the read (Nsight Compute: 37%
+    of K2's warp stall samples were MMAs on the short scoreboard). Told one CTA per SM, which is
+    what a VB=64 grid gets (value_split picks VB=64 only for at most one CTA per SM), it takes 96
+    registers and reads ahead. VB=128: two CTAs per SM, as its grids have; ptxas then stays at 96
+    registers, the most at which two 9-warp CTAs fit (registers are allocated per SM
+    sub-partition, docs/k2_producer.md). The accurate recipe has no hint: told two CTAs, its folded
+    VB=128 kernel would be capped at 96 registers and spill."""
+    if accurate:
+        return None
+    return _MIN_CTAS.get(vb)
+
+
+_MIN_CTAS = {128: 2, 64: 1}
+
+
+def k2_launch_hint(vb: int, accurate: bool, segmented: bool) -> dict:
+    """k2_min_ctas as launch options. The carveout is given (-1: the driver's default) so that
+    compiling needs no GPU: without it the DSL asks the device for its shared memory size."""
+    n = k2_min_ctas(vb, accurate, segmented)
+    return {} if n is None else {"min_blocks_per_mp": n, "preferred_smem_carveout": -1}
+
+
+def _q1_operands(sb, region, kb, off_a, off_sb, NB: int, b_pair):
+    """Q1's operands of k-step kb: the Kd and Qd A fragments and the NB S^T B fragments."""
+    a_k = ldsm_x4(sb + OFF_KD + 512 * kb + off_a)
+    a_q = ldsm_x4(sb + OFF_QD + 512 * kb + off_a)
+    bfrags = []
+    if NB >= 2:
+        for p in range(NB // 2):
+            bq = ldsm_x4_t(region + 128 * (2 * p + 2 * NB * kb) + off_sb)
+            bfrags += [(bq[0], bq[1]), (bq[2], bq[3])]
+    else:
+        if kb % 2 == 0:
+            b_pair[0] = ldsm_x4_t(region + 256 * kb + off_sb)
+        t = kb % 2
+        bfrags.append((b_pair[0][2 * t], b_pair[0][2 * t + 1]))
+    return a_k, a_q, bfrags
+
+
+def _q2_q4_operands(sb, off_sq, g):
+    """Q2-Q4's stage operands: the INV and Mqk A fragments, bsig of rows g and g + 8."""
+    return (ldsm_x4(sb + OFF_INV + off_sq), ldsm_x4(sb + OFF_MQK + off_sq), lds_bf16_f32(sb + OFF_BSIG + 2 * g),
+            lds_bf16_f32(sb + OFF_BSIG + 2 * (g + 8)))
+
+
+def _v_words(v_a0, nb, ok0, ok1, VSTR: int):
+    """n-block nb's two packed v words (rows g and g + 8), 0 for rows >= m: the stage holds only
+    the m copied rows."""
+    return (select_b32(ok0, lds_b32(v_a0 + 16 * nb), Int32(0)),
+            select_b32(ok1, lds_b32(v_a0 + 8 * VSTR + 16 * nb), Int32(0)))
+
+
+def _q5_operands(sb, mb, off_kr, g):
+    """Q5's operands of m-block mb: the Kr^T A fragment (keys 16 mb ..) and gamma of keys g and g + 8."""
+    return (ldsm_x4_t(sb + OFF_KR + 512 * mb + off_kr), lds_f32(sb + OFF_GT + 4 * (16 * mb + g)),
+            lds_f32(sb + OFF_GT + 4 * (16 * mb + 8 + g)))
+
+
 def _store_exit_state(final_ptr, final_base, region, lane, col0, NB: int, NW: int, final_fp32: bool):
     """Q6 exit: this warp's columns of S^T from smem to final_state[slot, h] (V x K), bf16 as is or
     exactly widened to fp32. A plain function (traced inline) so its locals stay out of the kernel's
@@ -211,6 +288,7 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
     NB = NW // 8  # n-blocks of 8 per warp
     VSTR = v_stride(VB)
     SB = stage_bytes(VB)
+    HOIST, P1, P5 = k2_schedule(VB, accurate, final_slots)
 
     # One CTA per (sequence, head) pair on grid x, sequence-major, the value block on z: the GPU
     # starts CTAs about in block order, so all heads of a sequence start together and, through
@@ -336,46 +414,49 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
                 start = tok0 + i * CHUNK
                 m = cutlass.min(tok_end - start, CHUNK)
 
-                # -------- Q1: u, o1 accumulators, 8 sequential k-steps
+                if cutlass.const_expr(HOIST):
+                    # Q2-Q4's operands depend only on the stage: read before Q1, they have landed
+                    # by the time Q1 ends (docs/k2_schedule.md)
+                    a_inv, a_mqk, bs0, bs1 = _q2_q4_operands(sb, off_sq, g)
+                    ok0 = Int32(g < m)
+                    ok1 = Int32(g + 8 < m)
+                    v_a0 = sb + OFF_V + g * VSTR + (w * NW + 2 * q) * 2
+                    v_pre = [_v_words(v_a0, nb, ok0, ok1, VSTR) for nb in range(NB)]
+
+                # -------- Q1: u, o1 accumulators, 8 sequential k-steps, operands read P1 k-steps ahead
                 acc_u = [[zero, zero, zero, zero] for _ in range(NB)]
                 acc_o = [[zero, zero, zero, zero] for _ in range(NB)]
-                bq = [None, None, None, None]
+                q1_ops = []
+                b_pair = [None]  # NB == 1: the .x4.trans read of an even k-step serves the odd one too
+                for kb in cutlass.range_constexpr(min(P1, D // 16)):
+                    q1_ops.append(_q1_operands(sb, region, kb, off_a, off_sb, NB, b_pair))
                 for kb in cutlass.range_constexpr(D // 16):
-                    a_k = ldsm_x4(sb + OFF_KD + 512 * kb + off_a)
-                    a_q = ldsm_x4(sb + OFF_QD + 512 * kb + off_a)
-                    if cutlass.const_expr(NB >= 2):
-                        for p in cutlass.range_constexpr(NB // 2):
-                            bq = ldsm_x4_t(region + 128 * (2 * p + 2 * NB * kb) + off_sb)
-                            for t in cutlass.range_constexpr(2):
-                                bfrag = (bq[2 * t], bq[2 * t + 1])
-                                acc_u[2 * p + t] = list(mma_bf16_16816(a_k, bfrag, acc_u[2 * p + t]))
-                                acc_o[2 * p + t] = list(mma_bf16_16816(a_q, bfrag, acc_o[2 * p + t]))
-                    else:
-                        if cutlass.const_expr(kb % 2 == 0):
-                            bq = ldsm_x4_t(region + 256 * kb + off_sb)
-                        t = kb % 2
-                        bfrag = (bq[2 * t], bq[2 * t + 1])
-                        acc_u[0] = list(mma_bf16_16816(a_k, bfrag, acc_u[0]))
-                        acc_o[0] = list(mma_bf16_16816(a_q, bfrag, acc_o[0]))
+                    if cutlass.const_expr(kb + P1 < D // 16):
+                        q1_ops.append(_q1_operands(sb, region, kb + P1, off_a, off_sb, NB, b_pair))
+                    a_k, a_q, bfrags = q1_ops[kb]
+                    for nb in cutlass.range_constexpr(NB):
+                        acc_u[nb] = list(mma_bf16_16816(a_k, bfrags[nb], acc_u[nb]))
+                        acc_o[nb] = list(mma_bf16_16816(a_q, bfrags[nb], acc_o[nb]))
                 # Q1's ldmatrix read other lanes' S^T words that Q5 overwrites below: the warp's
                 # reads are done before any lane writes (racecheck's warp-level WAR hazard).
                 cute.arch.sync_warp()
 
                 # -------- Q2..Q4 per n-block
-                a_inv = ldsm_x4(sb + OFF_INV + off_sq)
-                a_mqk = ldsm_x4(sb + OFF_MQK + off_sq)
-                bs0 = lds_bf16_f32(sb + OFF_BSIG + 2 * g)
-                bs1 = lds_bf16_f32(sb + OFF_BSIG + 2 * (g + 8))
-                ok0 = Int32(g < m)
-                ok1 = Int32(g + 8 < m)
+                if cutlass.const_expr(not HOIST):
+                    a_inv, a_mqk, bs0, bs1 = _q2_q4_operands(sb, off_sq, g)
+                    ok0 = Int32(g < m)
+                    ok1 = Int32(g + 8 < m)
                 row0 = Int64(start + g) * H64 + h64
                 out_a0 = out_ptr + row0 * HEAD_ROW_BYTES + Int64(col0 + 2 * q) * 2
                 out_a1 = out_a0 + Int64(8) * H64 * HEAD_ROW_BYTES
-                v_a0 = sb + OFF_V + g * VSTR + (w * NW + 2 * q) * 2
+                if cutlass.const_expr(not HOIST):
+                    v_a0 = sb + OFF_V + g * VSTR + (w * NW + 2 * q) * 2
                 u_frag = []
                 for nb in cutlass.range_constexpr(NB):
-                    v_words = lambda: (select_b32(ok0, lds_b32(v_a0 + 16 * nb), Int32(0)),  # noqa: E731
-                                       select_b32(ok1, lds_b32(v_a0 + 8 * VSTR + 16 * nb), Int32(0)))
+                    if cutlass.const_expr(HOIST):
+                        v_words = lambda: v_pre[nb]  # noqa: E731
+                    else:  # read where Q2 needs them
+                        v_words = lambda: _v_words(v_a0, nb, ok0, ok1, VSTR)  # noqa: E731
                     if cutlass.const_expr(accurate and ablation != 1):
                         # r as hi + lo into INV r, U rounded once; out = bf(o1 + acc32(Mqk U)), one rounding
                         ub = solve_u_fragment_accurate(acc_u[nb], v_words, bs0, bs1, a_inv, zero, ablation)
@@ -396,11 +477,15 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
                     stg_b32_if(out_a0 + 16 * nb, ow0, ok0)
                     stg_b32_if(out_a1 + 16 * nb, ow1, ok1)
 
-                # -------- Q5: S^T = bf(fma(S^T, gamma, Kr^T U)), 8 m-blocks of 16 keys
+                # -------- Q5: S^T = bf(fma(S^T, gamma, Kr^T U)), 8 m-blocks of 16 keys, Kr^T and
+                # gamma read P5 m-blocks ahead
+                q5_ops = []
+                for mb in cutlass.range_constexpr(min(P5, D // 16)):
+                    q5_ops.append(_q5_operands(sb, mb, off_kr, g))
                 for mb in cutlass.range_constexpr(D // 16):
-                    a_kr = ldsm_x4_t(sb + OFF_KR + 512 * mb + off_kr)
-                    gam0 = lds_f32(sb + OFF_GT + 4 * (16 * mb + g))
-                    gam1 = lds_f32(sb + OFF_GT + 4 * (16 * mb + 8 + g))
+                    if cutlass.const_expr(mb + P5 < D // 16):
+                        q5_ops.append(_q5_operands(sb, mb + P5, off_kr, g))
+                    a_kr, gam0, gam1 = q5_ops[mb]
                     for nb in cutlass.range_constexpr(NB):
                         w_a0 = region + 128 * (nb + NB * (2 * mb)) + 4 * lane
                         w_a1 = w_a0 + 128 * NB
@@ -466,7 +551,7 @@ def k2_recurrence(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd
                seq_order.toint(),
                has_initial, has_final, state_fp32, value_block, state_fp32, False, False, accurate, ablation).launch(
         grid=(n_seq * n_heads, 1, D // value_block), block=(k2_threads(value_block, accurate, False), 1, 1), stream=stream,
-        use_pdl=True)
+        use_pdl=True, **k2_launch_hint(value_block, accurate, False))
 
 
 @cute.jit
@@ -491,7 +576,7 @@ def k2_segments(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: 
                Int64(0),
                True, True, True, value_block, final_fp32, True, False, accurate, 0).launch(
         grid=(n_seg * n_heads, 1, D // value_block), block=(k2_threads(value_block, accurate, True), 1, 1), stream=stream,
-        use_pdl=True)
+        use_pdl=True, **k2_launch_hint(value_block, accurate, True))
 
 
 @cute.jit
@@ -525,4 +610,4 @@ def k2_ext(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: cute.
                cute.make_tensor(real_seq_start, cute.make_layout(n_real + 1)), n_real, seq_order.toint(),
                True, True, state_fp32, value_block, final_fp32, segments, True, False, 0).launch(
         grid=(n_seq * n_heads, 1, D // value_block), block=(k2_threads(value_block, False, segments), 1, 1), stream=stream,
-        use_pdl=True)
+        use_pdl=True, **k2_launch_hint(value_block, False, segments))
