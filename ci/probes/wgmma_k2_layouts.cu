@@ -115,7 +115,11 @@ __device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t s
 // LBO); swap = 1: the two exchanged. W1[v][t] = u^T, W5[k][v] = Q5's product.
 __global__ void wgmma_products(const __nv_bfloat16 *S, const __nv_bfloat16 *Kd, const __nv_bfloat16 *Kr,
                                const __nv_bfloat16 *U, float *W1, float *W5, int swap) {
-  __shared__ __align__(1024) unsigned char sS[V * K * 2], sKd[T * K * 2], sKr[T * K * 2], sU[T * V * 2];
+  // One block with slack behind the last image: the exchanged offsets (swap = 1) make wgmma read up
+  // to 8 KiB past an operand's start (U: 8 MN-blocks 1024 bytes apart), which without the slack
+  // runs off the CTA's shared memory and faults instead of giving wrong numbers.
+  __shared__ __align__(1024) unsigned char smem[V * K * 2 + 2 * T * K * 2 + T * V * 2 + 16384];
+  unsigned char *sS = smem, *sKd = sS + V * K * 2, *sKr = sKd + T * K * 2, *sU = sKr + T * K * 2;
   int tid = threadIdx.x;
   for (int i = tid; i < V * K; i += blockDim.x) {
     int v = i / K, k = i % K;
