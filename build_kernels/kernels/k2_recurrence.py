@@ -152,8 +152,9 @@ def k2_min_ctas(vb: int, accurate: bool, segmented: bool):
     what a VB=64 grid gets (value_split picks VB=64 only for at most one CTA per SM), it takes 96
     registers and reads ahead. VB=128: two CTAs per SM, as its grids have; ptxas then stays at 96
     registers, the most at which two 9-warp CTAs fit (registers are allocated per SM
-    sub-partition, docs/k2_producer.md). The accurate recipe has no hint: told two CTAs, its folded
-    VB=128 kernel would be capped at 96 registers and spill."""
+    sub-partition, docs/k2_producer.md). The accurate recipe has no hint: told two CTAs, ptxas
+    caps its folded 8-warp VB=128 kernel at 128 registers and k2_inout_bf16_vb128_acc then spills
+    16 bytes; unhinted, every accurate variant fits without a spill."""
     if accurate:
         return None
     return _MIN_CTAS.get(vb)
