@@ -3,8 +3,9 @@
 # compute-sanitizer tools, the demo's flag sets, the benchmark, and (when the machine has two or
 # more GPUs and the script exists) the cross-GPU context-parallel run.
 #   bash ci/gpu_all.sh [path/to/kda_aot-*.whl] [step ...]
-# Steps: tests sanitize demo bench limits distributed (default: all but limits, which runs
-# Nsight Compute over the benchmark rows: ci/ncu_limits.sh). Each step is time-bounded and writes
+# Steps: tests sanitize demo bench limits probes distributed (default: all but limits, which runs
+# Nsight Compute over the benchmark rows: ci/ncu_limits.sh, and probes, which builds and runs the
+# CUDA probes of ci/probes/ with nvcc: ci/probes/run.sh). Each step is time-bounded and writes
 # its logs to its own folder; at the end everything is packed into $OUT/gpu_all.tgz (the device
 # tool brings back only a few files) beside $OUT/summary.txt, one line per step with its status.
 set -uo pipefail
@@ -39,6 +40,8 @@ for step in "${STEPS[@]}"; do
            cat "$WORK/bench/bench.md" >> "$SUMMARY" 2>/dev/null ;;
     limits) run_step limits 420 bash "$REPO/ci/ncu_limits.sh" "$WHEEL"
             cat "$WORK/limits/limits.md" >> "$SUMMARY" 2>/dev/null ;;
+    probes) run_step probes "${KDA_PROBES_LIMIT:-420}" bash "$REPO/ci/probes/run.sh" ${KDA_PROBES:-}
+            cat "$WORK/probes/probes.md" >> "$SUMMARY" 2>/dev/null ;;
     distributed)
       if [[ $gpus -ge 2 && -f $REPO/ci/distributed_run.sh ]]; then
         run_step distributed "${KDA_DIST_LIMIT:-240}" bash "$REPO/ci/distributed_run.sh" "$WHEEL"
