@@ -7,13 +7,16 @@
 // operand, and a wgmma A operand can come from registers:
 //   Q1  u^T = S Kd^T, o1^T = S Qd^T  m64n16k16 x 8 k-steps each, A = S (registers), B = Kd, Qd (K-major)
 //   Q2  r^T = bf(bf(v^T - bf(u^T)) * bsig)   on u^T's accumulator, which is already r^T's A fragment
-//   Q3  U^T = bf(acc32(r^T INV^T))           m64n16k16, A = r^T (registers), B = INV (K-major)
-//   Q4  out^T = bf(bf(o1^T) + bf(acc32(U^T Mqk^T)))  m64n16k16, A = U^T, B = Mqk (K-major)
+//   Q3  U^T = bf(acc32(r^T INV^T))           m16n8k16 x 2 per warp, A = r^T (registers), B = INV
+//   Q4  out^T = bf(bf(o1^T) + bf(acc32(U^T Mqk^T)))  the same with A = U^T, B = Mqk, while Q5 runs
 //   Q5  S = bf(fma(S, gamma, acc32(U^T Kr)))  m64n128k16, A = U^T, B = Kr (MN-major: N = keys)
+// Q3 and Q4 stay m16n8k16: INV and Mqk are row-major 16 x 16 in K2's stage (32-byte rows), which
+// no wgmma descriptor describes, and a warp's slice of a wgmma A fragment is an m16n8k16 A fragment.
+// Their B fragments are one ldmatrix.x4 of the row-major matrix, as K2 reads INV's A fragment today.
 // Q5's fp32 accumulator is laid out exactly as the next Q1's A fragments (the bf16 pairs of
 // columns 2q, 2q + 1 and 2q + 8, 2q + 9 of rows g and g + 8), so the state never leaves the
 // registers: no stores, no ldmatrix, no __syncwarp on the chain. One warpgroup owns 64 value
-// columns (K2's VB=64 CTA); its B operands are read once per warpgroup instead of once per warp.
+// columns (K2's VB=64 CTA); Q1's and Q5's B operands are read once per warpgroup, not once per warp.
 //
 // Check: 4 CTAs x 24 steps with fresh operands every step, against a reference that computes
 // K2's recipe with K2's m16n8k16 shapes (8 warps of 8 columns). Every output of every step and
@@ -68,6 +71,11 @@ __device__ __forceinline__ void mma(float *c, const uint32_t *a, uint32_t b0, ui
                "{%0,%1,%2,%3};\n"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldsm(uint32_t *r, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
 }
 
 // ------------------------------------------------------------------ reference: K2's recipe and shapes
@@ -186,7 +194,7 @@ enum Mode { CHECK_MODE = 0, TIME_CHAIN = 1, TIME_STAGE_READS = 2 };
 template <int MODE>
 __global__ void __launch_bounds__(128, 1) wg_chain(const Ops *ops, const uint16_t *s0, uint16_t *out,
                                                    uint16_t *s_final, int steps) {
-  // kd | qd | kr (raw images, 4096 each) | inv | mqk (512 each) | v [T][V] | bsig [T] | gamma [K] (fp32)
+  // kd | qd | kr (raw images, 4096 each) | inv | mqk (row-major, 512 each) | v [T][V] | bsig [T] | gamma [K] (fp32)
   __shared__ __align__(1024) unsigned char sm[3 * 4096 + 2 * 512 + T * V * 2 + 32 + K * 4];
   unsigned char *sKd = sm, *sQd = sm + 4096, *sKr = sm + 8192, *sInv = sm + 12288, *sMqk = sm + 12800;
   uint16_t *sV = reinterpret_cast<uint16_t *>(sm + 13312), *sB = sV + T * V;
@@ -195,6 +203,8 @@ __global__ void __launch_bounds__(128, 1) wg_chain(const Ops *ops, const uint16_
   const int cta = blockIdx.x, set = MODE == CHECK_MODE ? cta : cta % CHECK_CTAS;
   const uint32_t aKd = (uint32_t)__cvta_generic_to_shared(sKd), aQd = aKd + 4096, aKr = aKd + 8192,
                  aInv = aKd + 12288, aMqk = aKd + 12800;
+  // ldmatrix.x4 of a row-major 16 x 16: matrix j4 = lane >> 3 is (rows 8 (j4 & 1), cols 8 (j4 >> 1))
+  const uint32_t off_sq = 32 * (8 * ((lane >> 3) & 1) + (lane & 7)) + 16 * (lane >> 4);
 
   auto stage = [&](const Ops &op) {  // the step's operands into shared memory (the producer's job in K2)
     __syncthreads();                 // every warp's wgmmas of the previous step have completed
@@ -205,9 +215,8 @@ __global__ void __launch_bounds__(128, 1) wg_chain(const Ops *ops, const uint16_
       *reinterpret_cast<uint16_t *>(sKr + off) = op.kr[i];
     }
     for (int i = tid; i < T * T; i += 128) {
-      int off = raw_image(i / T, i % T);
-      *reinterpret_cast<uint16_t *>(sInv + off) = op.inv[i];
-      *reinterpret_cast<uint16_t *>(sMqk + off) = op.mqk[i];
+      reinterpret_cast<uint16_t *>(sInv)[i] = op.inv[i];
+      reinterpret_cast<uint16_t *>(sMqk)[i] = op.mqk[i];
     }
     for (int i = tid; i < T * V; i += 128) sV[i] = op.v[i];
     if (tid < T) sB[tid] = op.bsig[tid];
@@ -218,7 +227,10 @@ __global__ void __launch_bounds__(128, 1) wg_chain(const Ops *ops, const uint16_
   // Stage-only operands at this lane's fragment positions. u^T's element 4j + h is (value row
   // r0 + 8 (h >> 1), token 8j + 2q + (h & 1)); gamma's (kb, e) is key 16 kb + 8 (e >> 1) + 2q + (e & 1).
   float vv[8], bs[4], gm[K / 16][4];
+  uint32_t f_inv[4], f_mqk[4];  // n-block nb's B fragment is (f[nb], f[nb + 2])
   auto stage_regs = [&]() {
+    ldsm(f_inv, aInv + off_sq);
+    ldsm(f_mqk, aMqk + off_sq);
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
@@ -277,22 +289,20 @@ __global__ void __launch_bounds__(128, 1) wg_chain(const Ops *ops, const uint16_
         ar[2 * j + hp] = bf2(__fmul_rn(lo16(dd), bs[2 * j]), __fmul_rn(hi16(dd), bs[2 * j + 1]));
       }
 
-    // Q3: U^T = bf(acc32(r^T INV^T)); its accumulator packs into U^T's A fragment the same way
+    // Q3: U^T = bf(acc32(r^T INV^T)), two m16n8k16 per warp (token blocks nb = 0, 1); the
+    // accumulator is laid out like an m64n16 one, so it packs into U^T's A fragment the same way
     float uu[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) uu[i] = 0.f;
-    wg_fence();
-    wg_n16(uu, ar, desc(aInv, 256, 128), 0);
-    wg_commit();
-    wg_wait<0>();  // also completes o1
-    hold<8>(uu); hold<8>(o1); hold<4>(ar);
+    mma(uu, ar, f_inv[0], f_inv[2]);
+    mma(uu + 4, ar, f_inv[1], f_inv[3]);
     uint32_t aU[4];
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int hp = 0; hp < 2; ++hp) aU[2 * j + hp] = bf2(uu[4 * j + 2 * hp], uu[4 * j + 2 * hp + 1]);
 
-    // Q5 (on the chain) and Q4 (off it), one commit group each
+    // Q5; o1's chain, queued on the tensor cores between u's and Q5, is waited for only with Q5
     float d5[64], o2[8];
 #pragma unroll
     for (int i = 0; i < 64; ++i) d5[i] = 0.f;
@@ -301,10 +311,12 @@ __global__ void __launch_bounds__(128, 1) wg_chain(const Ops *ops, const uint16_
     wg_fence();
     wg_n128_mn(d5, aU, desc(aKr, 128, 256));  // Kr: N = keys (256 bytes per 8 keys), K = tokens (128)
     wg_commit();
-    wg_n16(o2, aU, desc(aMqk, 256, 128), 0);
-    wg_commit();
-    wg_wait<1>();
-    hold<64>(d5);
+    wg_wait<0>();
+    hold<64>(d5); hold<8>(o1); hold<4>(aU);
+    // Q4's product after the wait: issued while Q5 reads aU, ptxas gave its results aU's registers
+    // and so waited for Q5 right there; here its MMAs interleave with Q5's epilogue instead
+    mma(o2, aU, f_mqk[0], f_mqk[2]);
+    mma(o2 + 4, aU, f_mqk[1], f_mqk[3]);
     // Q5's accumulator, element 8 kb + 2e + i, sits where aS[kb][e]'s half i does
 #pragma unroll
     for (int kb = 0; kb < K / 16; ++kb)
@@ -314,9 +326,6 @@ __global__ void __launch_bounds__(128, 1) wg_chain(const Ops *ops, const uint16_
         const float *gk = &gm[kb][2 * (e >> 1)];
         aS[kb][e] = bf2(__fmaf_rn(lo16(s), gk[0], d5[8 * kb + 2 * e]), __fmaf_rn(hi16(s), gk[1], d5[8 * kb + 2 * e + 1]));
       }
-    hold<32>(&aS[0][0]);  // the new state before Q4's wait: Q4 stays off the chain
-    wg_wait<0>();
-    hold<8>(o2); hold<4>(aU);
     // Q4's output, off the chain: element 4j + h is (value r0 + 8 (h >> 1), token 8j + 2q + (h & 1))
     uint16_t *o = out + (size_t)(MODE == CHECK_MODE ? cta * steps + step : cta) * T * V;
 #pragma unroll
