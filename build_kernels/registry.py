@@ -260,6 +260,25 @@ def _k2_ablation() -> List[Variant]:
             for level in (1, 2, 3)]
 
 
+def _k2_regstate() -> List[Variant]:
+    """Prototype (branch k2-regstate; docs/speed_limits.md, "A register-state wgmma step"): K2 with
+    the state in registers and Q1 / Q5 as warpgroup MMAs, FlashKDA's recipe, K2's arguments, every
+    state I/O: with the producer warp at VB=64 (225-227 registers, no spill; at VB=128 its ninth warp
+    caps ptxas at 168 registers, and it spills), and folded (k2_regstate_f_*, no producer warp) at
+    VB=64 and 128. The runtime picks them only under KDA_EXPERIMENTAL_REGSTATE=1 (with the
+    producer) or =folded."""
+    out = []
+    for v in _k2():
+        vb = dict(v.constants)["value_block"]
+        base = tuple(c for c in v.constants if c[0] not in ("accurate", "ablation"))
+        for folded in (False, True):
+            if vb == 64 or (folded and vb == 128):
+                out.append(dataclasses.replace(
+                    v, name=v.name.replace("k2_", "k2_regstate_" + ("f_" if folded else ""), 1), module="k2_regstate",
+                    entry="k2_regstate", constants=base + (("folded", folded),)))
+    return out
+
+
 # The build compiles exactly these, in this order: the library addresses kernels by index, so the
 # order is part of the ABI (kda_aot/_abi.py).
 FAMILIES = {"seq_tables": _seq_tables, "k1": _k1, "k2": _k2, "approx": _approx, "cp_merge": _cp_merge,
@@ -269,7 +288,9 @@ FAMILIES = {"seq_tables": _seq_tables, "k1": _k1, "k2": _k2, "approx": _approx, 
             # numerics="accurate" last
             "k2_accurate": lambda: _k2(True), "k2_segments_accurate": lambda: _k2_segments(True),
             "cp_pre_scan_accurate": lambda: _cp_pre_scan(True), "k2_ablation": _k2_ablation,
-            "k1_accurate": _k1_accurate}
+            "k1_accurate": _k1_accurate,
+            # the register-state prototype last
+            "k2_regstate": _k2_regstate}
 
 
 def all_variants() -> List[Variant]:

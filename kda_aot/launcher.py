@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -146,6 +147,24 @@ def _ext_dtype(problem: Problem) -> str:
     return "f32" if (problem.state_dtype or "float32") == "float32" else "bf16"
 
 
+_REGSTATE_KEYS = ("has_initial", "has_final", "state_fp32", "value_block")
+
+
+def _regstate_wanted(k2_constants):
+    """The register-state K2 prototype (branch k2-regstate, build_kernels/kernels/k2_regstate.py) in
+    place of K2, when KDA_EXPERIMENTAL_REGSTATE asks for it and it exists for the plan (FlashKDA's
+    recipe): "1" with the producer warp (VB=64), "folded" without (VB=64 or 128). Returns the
+    variant's `folded` constant, or None for K2."""
+    want = os.environ.get("KDA_EXPERIMENTAL_REGSTATE")
+    if k2_constants["accurate"] or want not in ("1", "folded"):
+        return None
+    if want == "1" and k2_constants["value_block"] == 64:
+        return False
+    if want == "folded" and k2_constants["value_block"] in (64, 128):
+        return True
+    return None
+
+
 def serial_launch(lib: KernelLibrary, problem: Problem, sm_count: int, value_split: Optional[int] = None) -> Launch:
     plan = planner.plan_serial(T=problem.T, N=problem.N, H=problem.H, varlen=problem.varlen,
                                has_initial=problem.has_initial, has_final=problem.has_final,
@@ -177,6 +196,10 @@ def serial_launch(lib: KernelLibrary, problem: Problem, sm_count: int, value_spl
             cap=cap, stream=STREAM))
         return Launch(prog.finish(), layout.nbytes, "serial")
     k2 = planner.select_variant(lib.kernels.values(), "k2_recurrence", plan.k2_constants)
+    folded = _regstate_wanted(plan.k2_constants)
+    if folded is not None:
+        k2 = planner.select_variant(lib.kernels.values(), "k2_regstate",
+                                    dict({k: plan.k2_constants[k] for k in _REGSTATE_KEYS}, folded=folded))
     prog.add(k2.name, dict(
         v=Ref("v"), out=Ref("out"), **_workspace_args(off), seq_start=ws(off["seq_start"]),
         tile_prefix=ws(off["tile_prefix"]), seq_order=_seq_order(problem, off),

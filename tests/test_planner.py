@@ -36,3 +36,21 @@ def test_plan_serial_picks_state_variant():
     with pytest.raises(ValueError, match="value_split"):
         planner.plan_serial(T=1, N=1, H=1, varlen=False, has_initial=False, has_final=False, state_dtype=None,
                             sm_count=132, value_split_override=3)
+
+
+def test_the_regstate_prototype_is_asked_for_only_where_it_exists(monkeypatch):
+    """launcher._regstate_wanted: KDA_EXPERIMENTAL_REGSTATE=1 at VB=64, =folded at VB=64 and 128,
+    FlashKDA's recipe only; K2 otherwise."""
+    from kda_aot import launcher
+
+    def wanted(flag, vb, accurate=False):
+        if flag is None:
+            monkeypatch.delenv("KDA_EXPERIMENTAL_REGSTATE", raising=False)
+        else:
+            monkeypatch.setenv("KDA_EXPERIMENTAL_REGSTATE", flag)
+        return launcher._regstate_wanted({"value_block": vb, "accurate": accurate})
+
+    assert wanted(None, 64) is None and wanted("0", 64) is None
+    assert wanted("1", 64) is False and wanted("1", 128) is None and wanted("1", 32) is None
+    assert wanted("folded", 64) is True and wanted("folded", 128) is True and wanted("folded", 32) is None
+    assert wanted("1", 64, accurate=True) is None and wanted("folded", 128, accurate=True) is None

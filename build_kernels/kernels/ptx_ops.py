@@ -483,3 +483,90 @@ def bulk_g2s(dst_smem: Int32, src_gmem: Int64, nbytes: Int32, mbar_smem: Int32, 
               _ir(mbar_smem, Int32, loc, ip)],
          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];",
          "r,l,r,r", True, loc, ip)
+
+
+@dsl_user_op
+def lds_bf16_f32_if(addr: Int32, ok: Int32, *, loc=None, ip=None) -> Float32:
+    """lds_bf16_f32 where ok != 0, else +0.0 (nothing read)."""
+    return Float32(_asm([T.f32()], [_ir(addr, Int32, loc, ip), _ir(ok, Int32, loc, ip)],
+                        "{\n\t.reg .b32 w;\n\t.reg .pred p;\n\tsetp.ne.b32 p, $2, 0;\n\tmov.b32 w, 0;\n"
+                        "\t@p ld.shared.u16 w, [$1];\n\tshl.b32 $0, w, 16;\n\t}",
+                        "=f,r,r", True, loc, ip))
+
+
+# --- warpgroup MMA (wgmma) with the A operand in registers ------------------------------------------
+# The register-state K2 (k2_regstate.py; docs/speed_limits.md, "A register-state wgmma step"). All
+# 128 threads of a warpgroup issue each of these together. A wgmma reads its A registers and writes
+# its accumulators asynchronously, until the wgmma.wait_group that completes it, so both pass tied
+# through wgmma_fence and wgmma_wait: the compiler can neither compute them after the fence nor
+# read or reuse their registers before the wait (CUTLASS calls this fencing the operands).
+
+@dsl_user_op
+def smem_desc(addr: Int32, lbo: int, sbo: int, *, loc=None, ip=None) -> Int64:
+    """wgmma matrix descriptor of a no-swizzle operand at shared address `addr`: bits 0-13
+    addr >> 4, 16-29 the leading byte offset >> 4 (next core matrix along K), 32-45 the stride
+    byte offset >> 4 (next core matrix along M or N), base offset 0, layout type 0. For an
+    MN-major operand the two offsets swap roles: lbo is the K stride, sbo the MN stride (measured,
+    ci/probes/wgmma_k2_layouts.cu)."""
+    fixed = (((lbo >> 4) & 0x3FFF) << 16) | (((sbo >> 4) & 0x3FFF) << 32)
+    return Int64(_asm([T.i64()], [_ir(addr, Int32, loc, ip), _ir(fixed, Int64, loc, ip)],
+                      "{\n.reg .b64 a;\ncvt.u64.u32 a, $1;\nshr.b64 a, a, 4;\nand.b64 a, a, 16383;\n"
+                      "or.b64 $0, a, $2;\n}", "=l,r,l", False, loc, ip))
+
+
+def _tied(instr: str, words, floats, loc, ip):
+    """`instr` with `words` (Int32) and `floats` (Float32) passed in and out of it, tied."""
+    n_w, n_f = len(words), len(floats)
+    n = n_w + n_f
+    res = _asm([T.i32()] * n_w + [T.f32()] * n_f,
+               [_ir(x, Int32, loc, ip) for x in words] + [_ir(x, Float32, loc, ip) for x in floats], instr,
+               ",".join(["=r"] * n_w + ["=f"] * n_f + [str(i) for i in range(n)]), True, loc, ip)
+    res = res if n > 1 else (res,)
+    return [Int32(x) for x in res[:n_w]], [Float32(x) for x in res[n_w:]]
+
+
+@dsl_user_op
+def wgmma_fence(words, floats, *, loc=None, ip=None):
+    """wgmma.fence after the last ordinary write of A fragments (`words`) and accumulators
+    (`floats`) that the next wgmmas use; returns them, to be handed to those wgmmas."""
+    return _tied("wgmma.fence.sync.aligned;", words, floats, loc, ip)
+
+
+@dsl_user_op
+def wgmma_commit(*, loc=None, ip=None) -> None:
+    _asm([], [], "wgmma.commit_group.sync.aligned;", "", True, loc, ip)
+
+
+@dsl_user_op
+def wgmma_wait(pending: int, words, floats, *, loc=None, ip=None):
+    """wgmma.wait_group `pending`: all but the last `pending` committed groups of this warp done;
+    returns `words` and `floats`, which may be read or overwritten from here on only."""
+    return _tied(f"wgmma.wait_group.sync.aligned {pending};", words, floats, loc, ip)
+
+
+@dsl_user_op
+def wgmma_m64n16k16_rs(acc, a, desc_b: Int64, scale_d: int, *, loc=None, ip=None):
+    """D(64x16 fp32) = A(64x16 bf16, registers) B(16x16 bf16, K-major descriptor) (+ D when
+    scale_d). acc: 8 fp32, warp w of the warpgroup holding rows 16 w + g and + 8, acc[4 j + c] at
+    column 8 j + 2 q + (c & 1) of row + 8 (c >> 1); a: 4 words, the m16n8k16 A fragment of the
+    warp's 16 rows."""
+    ops = [_ir(x, Int32, loc, ip) for x in a] + [_ir(desc_b, Int64, loc, ip)] + [_ir(x, Float32, loc, ip) for x in acc]
+    d = _asm([T.f32()] * 8, ops,
+             "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {$0, $1, $2, $3, $4, $5, $6, $7}, "
+             f"{{$8, $9, $10, $11}}, $12, {1 if scale_d else 0}, 1, 1, 0;",
+             "=f,=f,=f,=f,=f,=f,=f,=f,r,r,r,r,l,0,1,2,3,4,5,6,7", True, loc, ip)
+    return [Float32(x) for x in d]
+
+
+@dsl_user_op
+def wgmma_m64n128k16_rs_mn(acc, a, desc_b: Int64, *, loc=None, ip=None):
+    """D(64x128 fp32) = A(64x16 bf16, registers) B(16x128 bf16, MN-major descriptor), from zero
+    (scale-d 0: acc only gives the registers). acc: 64 fp32, acc[4 j + c] at column 8 j + 2 q +
+    (c & 1) of row 16 w + g + 8 (c >> 1)."""
+    ops = [_ir(x, Int32, loc, ip) for x in a] + [_ir(desc_b, Int64, loc, ip)] + [_ir(x, Float32, loc, ip) for x in acc]
+    outs = ", ".join(f"${i}" for i in range(64))
+    d = _asm([T.f32()] * 64, ops,
+             f"wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {{{outs}}}, {{$64, $65, $66, $67}}, $68, "
+             "0, 1, 1, 1;",
+             ",".join(["=f"] * 64 + ["r"] * 4 + ["l"] + [str(i) for i in range(64)]), True, loc, ip)
+    return [Float32(x) for x in d]

@@ -1,0 +1,46 @@
+"""The register-state K2 prototype (branch k2-regstate) compiles without a spill and fits the CTAs
+per SM it is launched for (compile-only, on the CPU; needs the DSL).
+
+Registers are allocated per SM sub-partition: four of 16384, a CTA's warps dealt round-robin over
+them (docs/k2_producer.md). A kernel whose state lives in registers must not spill it.
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is a build-time dependency")
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+
+from build_kernels import compile as kc  # noqa: E402
+from build_kernels.registry import all_variants  # noqa: E402
+
+REGSTATE = [v for v in all_variants() if v.entry == "k2_regstate"]
+
+
+def _ctas_per_sm(variant) -> int:
+    c = dict(variant.constants)
+    return 2 if c["folded"] and c["value_block"] == 64 else 1
+
+
+def test_every_state_io_is_built():
+    assert len(REGSTATE) == 3 * 7  # 7 state I/O x dtype variants at (VB=64), (VB=64, folded), (VB=128, folded)
+
+
+@pytest.mark.parametrize("variant", REGSTATE, ids=lambda v: v.name)
+def test_regstate_fits_without_a_spill(tmp_path, variant):
+    from build_kernels.cubin_info import kernel_resources
+    from build_kernels.kernels.k2_regstate import regstate_threads
+
+    kc.compile_entry(variant, f" --keep-cubin --keep-ptx --dump-dir {tmp_path}")
+    (cubin,) = list(tmp_path.rglob("*.cubin"))
+    found = kernel_resources(cubin)
+    (registers,) = found["registers"].values()
+    frame = next(iter(found["frame_bytes"].values()), 0)
+    c = dict(variant.constants)
+    warps = _ctas_per_sm(variant) * regstate_threads(c["value_block"], c["folded"]) // 32
+    per_subpartition = -(-warps // 4)  # the sub-partition dealt the most warps
+    allocated = -(-registers // 8) * 8  # registers are allocated in units of 8 per thread
+    assert frame == 0, f"{variant.name} spills ({frame} bytes of stack)"
+    assert per_subpartition * 32 * allocated <= 16384, (variant.name, registers, warps)
