@@ -147,22 +147,16 @@ def _ext_dtype(problem: Problem) -> str:
     return "f32" if (problem.state_dtype or "float32") == "float32" else "bf16"
 
 
-_REGSTATE_KEYS = ("has_initial", "has_final", "state_fp32", "value_block")
-
-
-def _regstate_wanted(k2_constants):
-    """The register-state K2 prototype (branch k2-regstate, build_kernels/kernels/k2_regstate.py) in
-    place of K2, when KDA_EXPERIMENTAL_REGSTATE asks for it and it exists for the plan (FlashKDA's
-    recipe): "1" with the producer warp (VB=64), "folded" without (VB=64 or 128). Returns the
-    variant's `folded` constant, or None for K2."""
+def _maybe_regstate(lib: KernelLibrary, k2_name: str) -> str:
+    """The register-state K2 prototype's twin of a K2 variant (branch k2-regstate,
+    build_kernels/kernels/k2_regstate.py, same arguments), when KDA_EXPERIMENTAL_REGSTATE asks for it
+    ("1": with the producer warp, "folded": without) and the library has that twin (FlashKDA's
+    recipe; VB=64, or 128 folded); else k2_name itself."""
     want = os.environ.get("KDA_EXPERIMENTAL_REGSTATE")
-    if k2_constants["accurate"] or want not in ("1", "folded"):
-        return None
-    if want == "1" and k2_constants["value_block"] == 64:
-        return False
-    if want == "folded" and k2_constants["value_block"] in (64, 128):
-        return True
-    return None
+    if want not in ("1", "folded"):
+        return k2_name
+    twin = k2_name.replace("k2_", "k2_regstate_" + ("f_" if want == "folded" else ""), 1)
+    return twin if twin in lib.kernels else k2_name
 
 
 def serial_launch(lib: KernelLibrary, problem: Problem, sm_count: int, value_split: Optional[int] = None) -> Launch:
@@ -188,7 +182,7 @@ def serial_launch(lib: KernelLibrary, problem: Problem, sm_count: int, value_spl
     if cap > 0:
         _k1(prog, problem, off, problem.N, cap)
     if uses_k2_ext(problem):
-        prog.add(f"k2_ext_{_ext_dtype(problem)}_vb{plan.k2_constants['value_block']}", dict(
+        prog.add(_maybe_regstate(lib, f"k2_ext_{_ext_dtype(problem)}_vb{plan.k2_constants['value_block']}"), dict(
             v=Ref("v"), out=Ref("out"), **_workspace_args(off), seq_start=ws(off["seq_start"]),
             tile_prefix=ws(off["tile_prefix"]), seq_order=_seq_order(problem, off), final_slot=NULL,
             real_seq_start=ws(off["seq_start"]),
@@ -196,11 +190,7 @@ def serial_launch(lib: KernelLibrary, problem: Problem, sm_count: int, value_spl
             cap=cap, stream=STREAM))
         return Launch(prog.finish(), layout.nbytes, "serial")
     k2 = planner.select_variant(lib.kernels.values(), "k2_recurrence", plan.k2_constants)
-    folded = _regstate_wanted(plan.k2_constants)
-    if folded is not None:
-        k2 = planner.select_variant(lib.kernels.values(), "k2_regstate",
-                                    dict({k: plan.k2_constants[k] for k in _REGSTATE_KEYS}, folded=folded))
-    prog.add(k2.name, dict(
+    prog.add(_maybe_regstate(lib, k2.name), dict(
         v=Ref("v"), out=Ref("out"), **_workspace_args(off), seq_start=ws(off["seq_start"]),
         tile_prefix=ws(off["tile_prefix"]), seq_order=_seq_order(problem, off),
         initial_state=Ref("initial_state") if problem.has_initial else NULL,
@@ -269,17 +259,18 @@ def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count:
     common = dict(v=Ref("v"), out=Ref("out"), **_workspace_args(off), **seg_tables)
     if uses_k2_ext(problem):
         real = off["real_seq_start"] if problem.checkpoint_every else off["seq_start"]
-        prog.add(f"k2_ext_segments_{_ext_dtype(problem)}_vb{vb}", dict(
+        prog.add(_maybe_regstate(lib, f"k2_ext_segments_{_ext_dtype(problem)}_vb{vb}"), dict(
             common, seq_order=NULL, final_slot=ws(off["final_slot"]), real_seq_start=ws(real),
             **_k2_ext_args(problem, ws(off["carries"])), **sizes))
     elif not problem.has_final:
         k2 = planner.select_variant(lib.kernels.values(), "k2_recurrence",
                                     {"has_initial": True, "has_final": False, "state_fp32": True, "value_block": vb,
                                      "accurate": accurate, "ablation": 0})
-        prog.add(k2.name, dict(common, seq_order=NULL, initial_state=ws(off["carries"]), final_state=NULL, **sizes))
+        prog.add(_maybe_regstate(lib, k2.name), dict(common, seq_order=NULL, initial_state=ws(off["carries"]),
+                                                     final_state=NULL, **sizes))
     else:
         dtype = "f32" if problem.state_dtype == "float32" else "bf16"
-        prog.add(f"k2_segments_{dtype}_vb{vb}{acc}", dict(
+        prog.add(_maybe_regstate(lib, f"k2_segments_{dtype}_vb{vb}{acc}"), dict(
             v=Ref("v"), out=Ref("out"), **_workspace_args(off), seg_start=ws(off["seq_start"]),
             seg_prefix=ws(off["tile_prefix"]), carries=ws(off["carries"]), final_state=Ref("final_state"),
             final_slot=ws(off["final_slot"]), t_total=t_total, n_seg=S, n_heads=H, cap=cap, stream=STREAM))

@@ -39,18 +39,26 @@ def test_plan_serial_picks_state_variant():
 
 
 def test_the_regstate_prototype_is_asked_for_only_where_it_exists(monkeypatch):
-    """launcher._regstate_wanted: KDA_EXPERIMENTAL_REGSTATE=1 at VB=64, =folded at VB=64 and 128,
-    FlashKDA's recipe only; K2 otherwise."""
+    """launcher._maybe_regstate: K2's twin under KDA_EXPERIMENTAL_REGSTATE=1 / =folded when the
+    library has it; K2 itself otherwise (no variable, another value, no twin: accurate, VB=32)."""
+    from types import SimpleNamespace
+
     from kda_aot import launcher
 
-    def wanted(flag, vb, accurate=False):
+    lib = SimpleNamespace(kernels={n: None for n in ("k2_regstate_in_f32_vb64", "k2_regstate_f_in_f32_vb64",
+                                                      "k2_regstate_f_segments_bf16_vb128")})
+
+    def pick(flag, name):
         if flag is None:
             monkeypatch.delenv("KDA_EXPERIMENTAL_REGSTATE", raising=False)
         else:
             monkeypatch.setenv("KDA_EXPERIMENTAL_REGSTATE", flag)
-        return launcher._regstate_wanted({"value_block": vb, "accurate": accurate})
+        return launcher._maybe_regstate(lib, name)
 
-    assert wanted(None, 64) is None and wanted("0", 64) is None
-    assert wanted("1", 64) is False and wanted("1", 128) is None and wanted("1", 32) is None
-    assert wanted("folded", 64) is True and wanted("folded", 128) is True and wanted("folded", 32) is None
-    assert wanted("1", 64, accurate=True) is None and wanted("folded", 128, accurate=True) is None
+    assert pick(None, "k2_in_f32_vb64") == "k2_in_f32_vb64" and pick("0", "k2_in_f32_vb64") == "k2_in_f32_vb64"
+    assert pick("1", "k2_in_f32_vb64") == "k2_regstate_in_f32_vb64"
+    assert pick("folded", "k2_in_f32_vb64") == "k2_regstate_f_in_f32_vb64"
+    assert pick("folded", "k2_segments_bf16_vb128") == "k2_regstate_f_segments_bf16_vb128"
+    assert pick("1", "k2_segments_bf16_vb128") == "k2_segments_bf16_vb128"
+    assert pick("folded", "k2_in_f32_vb32") == "k2_in_f32_vb32"
+    assert pick("folded", "k2_in_f32_vb64_acc") == "k2_in_f32_vb64_acc"

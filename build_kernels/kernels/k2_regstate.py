@@ -26,8 +26,9 @@ Grid (n_seq * n_heads, 1, 128 // VB); CTA: VB // 64 warpgroups of MMA warps, the
 (recurrence_common.produce_tiles, K2's stage layout) at VB = 64, or, folded (VB = 64 or 128), no
 producer warp: the MMA warps take turns issuing each tile's copies, as K2's folded kernel does. Warpgroup wg owns the
 value columns vblk * VB + 64 wg .. + 63; lane (g, q) of its warp wl holds value rows 16 wl + g and
-+ 8 of every m64 fragment. Serial calls, FlashKDA's recipe, every state I/O of K2; no segments,
-state pool or checkpoints.
++ 8 of every m64 fragment. FlashKDA's recipe only; every mode of K2's kernel: serial with every
+state I/O (k2_regstate), CP segments (k2_regstate_segments) and state pool with checkpoints
+(k2_regstate_ext), each with the arguments of K2's host entry of the same mode.
 
 Order within a step (what ptxas made of the others, seen in the SASS of the probe): o1's chain is
 waited for only with Q5's, so that its eight k-steps, queued on the tensor cores between u's and
@@ -40,12 +41,13 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64, Float32
 
-from .ptx_ops import (add_rn, fma_rn, ldg_b32, ldg_f32_pair_bf16, lds_bf16_f32, lds_bf16_f32_if, lds_v2_f32,
-                      ldsm_x4, mma_bf16_16816, movmatrix_t, mul_rn, pack_bf16x2, round_bf16x2, smem_desc, stg_b32,
-                      stg_b32_if, stg_v2_f32, sub_rn, unpack_bf16x2, wgmma_commit, wgmma_fence, wgmma_m64n16k16_rs,
-                      wgmma_m64n128k16_rs_mn, wgmma_wait)
+from .ptx_ops import (add_rn, fma_rn, ldg_b32, ldg_b32_if, ldg_f32_pair_bf16_if, lds_bf16_f32, lds_bf16_f32_if,
+                      lds_v2_f32, ldsm_x4, mma_bf16_16816, movmatrix_t, mul_rn, pack_bf16x2, round_bf16x2, smem_desc,
+                      stg_b32, stg_b32_if, stg_v2_f32, sub_rn, unpack_bf16x2, wgmma_commit, wgmma_fence,
+                      wgmma_m64n16k16_rs, wgmma_m64n128k16_rs_mn, wgmma_wait)
 from .recurrence_common import (BSIG_BYTES, GT_BYTES, HEAD_ROW_BYTES, SQ_BYTES, STAGES, TILE_BYTES, alloc_ring,
                                 init_ring, produce_tile, produce_tiles, v_stride)
+from .state_io import checkpoint_due, pool_slot, sequence_start_of
 from .tile_ops import CHUNK, D, await_previous_grid
 
 # The stage: K2's layout (qd | kd | kr | gt | inv | mqk | bsig (+96 pad) | v rows), K1's images as
@@ -98,13 +100,46 @@ def _state_word_offset(col_wg, r0, q, kb: int, e: int):
     return Int64(col_wg + r0 + 8 * (e & 1)) * D + Int64(16 * kb + 8 * (e >> 1) + 2 * q)
 
 
+def _load_state(init_ptr, base, ok, col_wg, r0, q, fp32: bool):
+    """Q6 entry: this lane's A-fragment words of the state, bf(state[base + v * D + k]) (fp32 RNE or
+    bf16 as is), or 0 where ok == 0 (nothing read)."""
+    words = []
+    for kb in range(D // 16):
+        for e in range(4):
+            e0 = base + _state_word_offset(col_wg, r0, q, kb, e)
+            if fp32:
+                words.append(ldg_f32_pair_bf16_if(init_ptr + e0 * 4, ok))
+            else:
+                words.append(ldg_b32_if(init_ptr + e0 * 2, ok))
+    return words
+
+
+def _store_state(ptr, base, words, col_wg, r0, q, fp32: bool):
+    """Q6 exit (and checkpoints): this lane's words at state[base + v * D + k], bf16 as they are or
+    exactly widened to fp32. A plain function (traced inline), so it can sit in a dynamic `if`."""
+    for kb in range(D // 16):
+        for e in range(4):
+            e0 = base + _state_word_offset(col_wg, r0, q, kb, e)
+            if fp32:
+                lo, hi = unpack_bf16x2(words[4 * kb + e])
+                stg_v2_f32(ptr + e0 * 4, lo, hi)
+            else:
+                stg_b32(ptr + e0 * 2, words[4 * kb + e])
+
+
 @cute.kernel
 def _k2_regstate_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64,
                         inv_ptr: Int64, mqk_ptr: Int64, bsig_ptr: Int64, mStart: cute.Tensor, mPrefix: cute.Tensor,
-                        init_ptr: Int64, final_ptr: Int64, n_heads: Int32, cap: Int32, order_ptr: Int64,
+                        init_ptr: Int64, final_ptr: Int64, mSlot: cute.Tensor, n_heads: Int32, cap: Int32,
+                        idx_ptr: Int64, slot_stride: Int64, n_pool: Int32, ck_ptr: Int64, ck_every: Int32,
+                        mSeqStart: cute.Tensor, n_real: Int32, order_ptr: Int64,
                         has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
                         state_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int],
-                        folded: cutlass.Constexpr[bool]):
+                        final_fp32: cutlass.Constexpr[bool], final_slots: cutlass.Constexpr[bool],
+                        ext: cutlass.Constexpr[bool], folded: cutlass.Constexpr[bool]):
+    """K2's kernel parameters and modes (k2_recurrence._k2_kernel): serial, segmented (final_slots:
+    entry from the fp32 carries, the exit at final_slot[segment]) and state I/O by slot with
+    checkpoints (ext); FlashKDA's recipe only."""
     VB = value_block
     MMA_WARPS = 4 * (VB // WG_COLS)
     VSTR = v_stride(VB)
@@ -125,9 +160,20 @@ def _k2_regstate_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int
 
     tile0 = mPrefix[n]
     ntiles = mPrefix[n + 1] - tile0
-    busy = ntiles  # as K2: a CTA with no tile and no final state has nothing to read or write
+    # as K2: a CTA with no tile and no final state to write has nothing to do (and must not read its
+    # entry: the CP runtime leaves the carries of padding segments uninitialised)
+    busy = ntiles
+    slot = n
     if cutlass.const_expr(has_final):
-        busy = Int32(1)
+        if cutlass.const_expr(final_slots):
+            slot = mSlot[n]
+        if cutlass.const_expr(ext):
+            slot = pool_slot(slot, idx_ptr, n_pool, final_ptr)
+        if slot >= 0:
+            busy = Int32(1)
+    in_slot = n
+    if cutlass.const_expr(ext and not final_slots):
+        in_slot = pool_slot(n, idx_ptr, n_pool, init_ptr)
     if busy > 0:
         init_ring(warp, full, empty, 32 * MMA_WARPS)
         tok0 = mStart[n]
@@ -162,18 +208,19 @@ def _k2_regstate_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int
             off_sq = 32 * (8 * ((lane >> 3) & 1) + (lane & 7)) + 16 * (lane >> 4)
             zero = Float32(0.0)
 
+            ck_base = tok0  # checkpoints count tokens from the start of the CTA's sequence
+            if cutlass.const_expr(ext and final_slots):
+                ck_base = sequence_start_of(tok0, ck_ptr, mSeqStart, n_real)
+
             # -------- Q6 entry: the state as Q1's A fragments, a_s[4 kb + e]; bf(initial) or 0
-            a_s = []
-            for kb in cutlass.range_constexpr(D // 16):
-                for e in cutlass.range_constexpr(4):
-                    if cutlass.const_expr(has_initial):
-                        e0 = state_base + _state_word_offset(col_wg, r0, q, kb, e)
-                        if cutlass.const_expr(state_fp32):
-                            a_s.append(ldg_f32_pair_bf16(init_ptr + e0 * 4, init_ptr + (e0 + 1) * 4))
-                        else:
-                            a_s.append(ldg_b32(init_ptr + e0 * 2))
-                    else:
-                        a_s.append(Int32(0))
+            if cutlass.const_expr(ext and not final_slots):
+                # by slot (state pool, or a plain state with slot = n): no entry slot -> 0
+                a_s = _load_state(init_ptr, Int64(cutlass.max(in_slot, 0)) * slot_stride + h64 * Int64(D * D),
+                                  Int32(in_slot >= 0), col_wg, r0, q, state_fp32)
+            elif cutlass.const_expr(has_initial):
+                a_s = _load_state(init_ptr, state_base, Int32(1), col_wg, r0, q, state_fp32)
+            else:
+                a_s = [Int32(0)] * 32
 
             for i in cutlass.range(ntiles, unroll=1):
                 s = i % STAGES
@@ -271,17 +318,28 @@ def _k2_regstate_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int
 
                 # every thread releases its own stage reads; the wgmmas' are complete (wait 0 above)
                 cute.arch.mbarrier_arrive(empty + s)
+                if cutlass.const_expr(ext):
+                    # checkpoint (docs/state_pool.md): the state after a full tile that ends C tokens
+                    # past a multiple of C of its sequence goes to slot (end token) // C - 1
+                    ck = checkpoint_due(ck_ptr, ck_every, ck_base, start, m)
+                    if ck >= 0:
+                        _store_state(ck_ptr, (Int64(ck) * H64 + h64) * Int64(D * D), a_s, col_wg, r0, q, final_fp32)
 
             # -------- Q6 exit: bf16 as is, or fp32 exactly widened
             if cutlass.const_expr(has_final):
-                for kb in cutlass.range_constexpr(D // 16):
-                    for e in cutlass.range_constexpr(4):
-                        e0 = state_base + _state_word_offset(col_wg, r0, q, kb, e)
-                        if cutlass.const_expr(state_fp32):
-                            lo, hi = unpack_bf16x2(a_s[4 * kb + e])
-                            stg_v2_f32(final_ptr + e0 * 4, lo, hi)
-                        else:
-                            stg_b32(final_ptr + e0 * 2, a_s[4 * kb + e])
+                if slot >= 0:
+                    if cutlass.const_expr(ext):
+                        _store_state(final_ptr, Int64(slot) * slot_stride + h64 * Int64(D * D), a_s, col_wg, r0, q,
+                                     final_fp32)
+                    else:
+                        _store_state(final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), a_s, col_wg, r0, q,
+                                     final_fp32)
+
+
+def _launch(kernel, n_seq: Int32, n_heads: Int32, value_block: int, folded: bool, stream):
+    return kernel.launch(grid=(n_seq * n_heads, 1, D // value_block), block=(regstate_threads(value_block, folded), 1, 1),
+                         stream=stream, use_pdl=True, min_blocks_per_mp=2 if folded and value_block == 64 else 1,
+                         preferred_smem_carveout=-1)
 
 
 @cute.jit
@@ -293,15 +351,58 @@ def k2_regstate(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: 
                 has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
                 state_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int],
                 folded: cutlass.Constexpr[bool] = False):
-    """Host entry with K2's arguments (k2_recurrence.k2_recurrence). value_block 64 with the producer
-    warp, or 64 / 128 folded (regstate_threads says why)."""
-    assert value_block in (128, 64)
-    assert folded or value_block == 64
+    """Serial host entry with K2's arguments (k2_recurrence.k2_recurrence). value_block 64 with the
+    producer warp, or 64 / 128 folded (regstate_threads says why)."""
+    assert value_block == 64 or (folded and value_block == 128)
     table = cute.make_layout(n_seq + 1)
-    _k2_regstate_kernel(v.toint(), out.toint(), ws_qd.toint(), ws_kd.toint(), ws_kr.toint(), ws_gt.toint(),
-                        ws_inv.toint(), ws_mqk.toint(), ws_bsig.toint(), cute.make_tensor(seq_start, table),
-                        cute.make_tensor(tile_prefix, table), initial_state.toint(), final_state.toint(), n_heads,
-                        cap, seq_order.toint(), has_initial, has_final, state_fp32, value_block, folded).launch(
-        grid=(n_seq * n_heads, 1, D // value_block), block=(regstate_threads(value_block, folded), 1, 1),
-        stream=stream, use_pdl=True, min_blocks_per_mp=2 if folded and value_block == 64 else 1,
-        preferred_smem_carveout=-1)
+    _launch(_k2_regstate_kernel(
+        v.toint(), out.toint(), ws_qd.toint(), ws_kd.toint(), ws_kr.toint(), ws_gt.toint(), ws_inv.toint(),
+        ws_mqk.toint(), ws_bsig.toint(), cute.make_tensor(seq_start, table), cute.make_tensor(tile_prefix, table),
+        initial_state.toint(), final_state.toint(), cute.make_tensor(seq_start, table), n_heads, cap,
+        Int64(0), Int64(0), Int32(0), Int64(0), Int32(0), cute.make_tensor(seq_start, table), n_seq, seq_order.toint(),
+        has_initial, has_final, state_fp32, value_block, state_fp32, False, False, folded),
+        n_seq, n_heads, value_block, folded, stream)
+
+
+@cute.jit
+def k2_regstate_segments(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: cute.Pointer,
+                         ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer, ws_mqk: cute.Pointer,
+                         ws_bsig: cute.Pointer, seg_start: cute.Pointer, seg_prefix: cute.Pointer,
+                         carries: cute.Pointer, final_state: cute.Pointer, final_slot: cute.Pointer, t_total: Int32,
+                         n_seg: Int32, n_heads: Int32, cap: Int32, stream: cuda.CUstream,
+                         final_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int],
+                         folded: cutlass.Constexpr[bool] = False):
+    """Segmented host entry with k2_recurrence.k2_segments' arguments (a CP call's K2)."""
+    assert value_block == 64 or (folded and value_block == 128)
+    table = cute.make_layout(n_seg + 1)
+    _launch(_k2_regstate_kernel(
+        v.toint(), out.toint(), ws_qd.toint(), ws_kd.toint(), ws_kr.toint(), ws_gt.toint(), ws_inv.toint(),
+        ws_mqk.toint(), ws_bsig.toint(), cute.make_tensor(seg_start, table), cute.make_tensor(seg_prefix, table),
+        carries.toint(), final_state.toint(), cute.make_tensor(final_slot, cute.make_layout(n_seg)), n_heads, cap,
+        Int64(0), Int64(0), Int32(0), Int64(0), Int32(0), cute.make_tensor(seg_start, table), n_seg, Int64(0),
+        True, True, True, value_block, final_fp32, True, False, folded),
+        n_seg, n_heads, value_block, folded, stream)
+
+
+@cute.jit
+def k2_regstate_ext(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: cute.Pointer,
+                    ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer, ws_mqk: cute.Pointer,
+                    ws_bsig: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer,
+                    seq_order: cute.Pointer, initial_state: cute.Pointer, final_state: cute.Pointer,
+                    final_slot: cute.Pointer, state_index: cute.Pointer, checkpoints: cute.Pointer,
+                    real_seq_start: cute.Pointer, slot_stride: Int64, n_pool: Int32, checkpoint_every: Int32,
+                    n_real: Int32, t_total: Int32, n_seq: Int32, n_heads: Int32, cap: Int32, stream: cuda.CUstream,
+                    segments: cutlass.Constexpr[bool], state_fp32: cutlass.Constexpr[bool],
+                    final_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int],
+                    folded: cutlass.Constexpr[bool] = False):
+    """State-pool and checkpoint host entry with k2_recurrence.k2_ext's arguments and meaning."""
+    assert value_block == 64 or (folded and value_block == 128)
+    table = cute.make_layout(n_seq + 1)
+    _launch(_k2_regstate_kernel(
+        v.toint(), out.toint(), ws_qd.toint(), ws_kd.toint(), ws_kr.toint(), ws_gt.toint(), ws_inv.toint(),
+        ws_mqk.toint(), ws_bsig.toint(), cute.make_tensor(seq_start, table), cute.make_tensor(tile_prefix, table),
+        initial_state.toint(), final_state.toint(), cute.make_tensor(final_slot, cute.make_layout(n_seq)), n_heads,
+        cap, state_index.toint(), slot_stride, n_pool, checkpoints.toint(), checkpoint_every,
+        cute.make_tensor(real_seq_start, cute.make_layout(n_real + 1)), n_real, seq_order.toint(),
+        True, True, state_fp32, value_block, final_fp32, segments, True, folded),
+        n_seq, n_heads, value_block, folded, stream)

@@ -570,3 +570,21 @@ def wgmma_m64n128k16_rs_mn(acc, a, desc_b: Int64, *, loc=None, ip=None):
              "0, 1, 1, 1;",
              ",".join(["=f"] * 64 + ["r"] * 4 + ["l"] + [str(i) for i in range(64)]), True, loc, ip)
     return [Float32(x) for x in d]
+
+
+@dsl_user_op
+def ldg_b32_if(addr: Int64, ok: Int32, *, loc=None, ip=None) -> Int32:
+    """A 4-byte global load where ok != 0, else 0 (nothing read: the address may be invalid)."""
+    return Int32(_asm([T.i32()], [_ir(addr, Int64, loc, ip), _ir(ok, Int32, loc, ip)],
+                      "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $2, 0;\n\tmov.b32 $0, 0;\n\t@p ld.global.b32 $0, [$1];\n\t}",
+                      "=r,l,r", True, loc, ip))
+
+
+@dsl_user_op
+def ldg_f32_pair_bf16_if(addr: Int64, ok: Int32, *, loc=None, ip=None) -> Int32:
+    """Two adjacent fp32 (8 bytes at addr) rounded to bf16 (RNE) and packed, low half first, where
+    ok != 0, else 0 (nothing read)."""
+    return Int32(_asm([T.i32()], [_ir(addr, Int64, loc, ip), _ir(ok, Int32, loc, ip)],
+                      "{\n\t.reg .pred p;\n\t.reg .f32 a, b;\n\tsetp.ne.b32 p, $2, 0;\n\tmov.f32 a, 0f00000000;\n\t"
+                      "mov.f32 b, 0f00000000;\n\t@p ld.global.v2.f32 {a, b}, [$1];\n\tcvt.rn.bf16x2.f32 $0, b, a;\n\t}",
+                      "=r,l,r", True, loc, ip))
