@@ -3,7 +3,7 @@
 #   bash ci/regstate_run.sh [path/to/kda_aot-*.whl] [step ...]      (steps: probes tests bench; default all)
 # probes: the step probes (ci/probes/run.sh: bitwise check and microseconds per step), about a minute;
 # tests:  tests/test_k2_regstate_gpu.py (bit for bit against K2 in the three modes);
-# bench:  the serial benchmark (30 iterations) with K2 and with each prototype mode
+# bench:  the serial and CP benchmarks (30 iterations) with K2 and with each prototype mode
 #         (KDA_EXPERIMENTAL_REGSTATE unset, =1, =folded), forced value splits 2 and 1 as well.
 # Everything goes to $OUT ($OUT/summary.md plus one log per step); each step is time-bounded, and
 # "probes tests" and "bench" each fit the device tool's ten minutes per command (two calls).
@@ -30,9 +30,11 @@ for s in "${STEPS[@]}"; do
              "$REPO/tests/test_k2_regstate_gpu.py" -p no:cacheprovider --timeout 120 -q ;;
     bench) for mode in k2 1 folded; do
              if [[ $mode == k2 ]]; then unset KDA_EXPERIMENTAL_REGSTATE; else export KDA_EXPERIMENTAL_REGSTATE=$mode; fi
-             step "bench_$mode" 150 python3 -m kda_aot.bench --suite serial --no-fla --iters 30 --warmup 5 \
-               --value-split 2 1 --md "$OUT/bench_$mode.md"
-             cat "$OUT/bench_$mode.md" >> "$SUMMARY" 2>/dev/null
+             for suite in serial cp; do
+               step "bench_${suite}_$mode" 90 python3 -m kda_aot.bench --suite $suite --no-fla --iters 30 --warmup 5 \
+                 --value-split 2 1 --md "$OUT/bench_${suite}_$mode.md"
+               cat "$OUT/bench_${suite}_$mode.md" >> "$SUMMARY" 2>/dev/null
+             done
            done ;;
     *) echo "unknown step $s" | tee -a "$SUMMARY" ;;
   esac

@@ -24,9 +24,9 @@ k2_wgmma_chain.cu).
 
 Grid (n_seq * n_heads, 1, 128 // VB); CTA: VB // 64 warpgroups of MMA warps, then one producer warp
 (recurrence_common.produce_tiles, K2's stage layout) at VB = 64, or, folded (VB = 64 or 128), no
-producer warp: the MMA warps take turns issuing each tile's copies, as K2's folded kernel does. Warpgroup wg owns the
-value columns vblk * VB + 64 wg .. + 63; lane (g, q) of its warp wl holds value rows 16 wl + g and
-+ 8 of every m64 fragment. FlashKDA's recipe only; every mode of K2's kernel: serial with every
+producer warp: the MMA warps take turns issuing each tile's copies, as K2's folded kernel does.
+Warpgroup wg owns the value columns vblk * VB + 64 wg .. + 63; lane (g, q) of its warp wl holds
+value rows 16 wl + g and + 8 of every m64 fragment. FlashKDA's recipe only; every mode of K2's kernel: serial with every
 state I/O (k2_regstate), CP segments (k2_regstate_segments) and state pool with checkpoints
 (k2_regstate_ext), each with the arguments of K2's host entry of the same mode.
 
