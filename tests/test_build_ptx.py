@@ -106,12 +106,21 @@ def _cubin_resources(tmp_path, variant):
     return next(iter(found["registers"].values())), next(iter(found["frame_bytes"].values()), 0)
 
 
+def _k2_mode(variant):
+    """(value_block, accurate, segmented) of a K2 variant (serial, segmented or state pool), else None:
+    the arguments of k2_recurrence's folded_producer, k2_threads and k2_min_ctas."""
+    if variant.entry not in ("k2_recurrence", "k2_segments", "k2_ext"):
+        return None
+    constants = dict(variant.constants)
+    segmented = variant.entry == "k2_segments" or constants.get("segments", False)
+    return constants["value_block"], constants.get("accurate", False), segmented
+
+
 def _folded(variant) -> bool:
     from build_kernels.kernels.k2_recurrence import folded_producer
 
-    constants = dict(variant.constants)
-    return variant.entry in ("k2_recurrence", "k2_segments") and folded_producer(
-        constants["value_block"], constants.get("accurate", False), variant.entry == "k2_segments")
+    mode = _k2_mode(variant)
+    return mode is not None and folded_producer(*mode)
 
 
 FOLDED = [v for v in all_variants() if _folded(v)]
@@ -134,11 +143,8 @@ def test_folded_recurrence_fits_two_ctas_per_sm(tmp_path, variant):
 def _min_ctas(variant):
     from build_kernels.kernels.k2_recurrence import k2_min_ctas
 
-    constants = dict(variant.constants)
-    if variant.entry not in ("k2_recurrence", "k2_segments", "k2_ext"):
-        return None
-    segmented = variant.entry == "k2_segments" or constants.get("segments", False)
-    return k2_min_ctas(constants["value_block"], constants.get("accurate", False), segmented)
+    mode = _k2_mode(variant)
+    return None if mode is None else k2_min_ctas(*mode)
 
 
 HINTED = [v for v in all_variants() if _min_ctas(v)]
@@ -160,9 +166,7 @@ def test_hinted_recurrence_fits_the_ctas_it_promises(tmp_path, variant):
 
     n = _min_ctas(variant)
     registers, frame = _cubin_resources(tmp_path, variant)
-    constants = dict(variant.constants)
-    warps = k2_threads(constants["value_block"], False, variant.entry == "k2_segments"
-                       or constants.get("segments", False)) // 32
+    warps = k2_threads(*_k2_mode(variant)) // 32
     per_warp = -(-registers * 32 // 256) * 256
     assert -(-n * warps // 4) * per_warp <= 16384 and frame == 0, (variant.name, registers, frame)
     assert f".minnctapersm {n}" in "\n".join(f.read_text() for f in tmp_path.rglob("*.ptx"))

@@ -101,7 +101,7 @@ def produce_tiles(full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, ntil
                   tok_end: Int32, slot0: Int64, v_row0: Int64, row_step: Int64, images: tuple, smalls: tuple,
                   stage: cutlass.Constexpr[int], off_v: cutlass.Constexpr[int], vstr: cutlass.Constexpr[int],
                   fixed_tx: cutlass.Constexpr[int], v_bytes: cutlass.Constexpr[int]):
-    """pre_scan's producer warp: every tile in order, each as produce_tile."""
+    """The producer warp of K2 and pre_scan: every tile in order, each as produce_tile."""
     for i in cutlass.range(ntiles, unroll=1):
         produce_tile(full, empty, buf_addr, i, tok0, tok_end, slot0, v_row0, row_step, images, smalls, stage, off_v,
                      vstr, fixed_tx, v_bytes)

@@ -28,6 +28,8 @@
 #include <cstdio>
 #include <vector>
 
+#include "k2_probe_ops.cuh"
+
 #define CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
   printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); return 3; } } while (0)
 
@@ -35,19 +37,6 @@ constexpr int WARPS = 8;      // MMA warps per CTA (VB=64)
 constexpr int STEPS = 512;    // H=64 [8192]: 512 tiles per CTA
 constexpr int KB = 8;         // k-steps of Q1 (128 keys / 16)
 
-__device__ __forceinline__ void mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%0,%1,%2,%3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t bf2(float lo, float hi) {  // cvt.rn.bf16x2: one rounding each
-  uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-__device__ __forceinline__ float lo16(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float hi16(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
 __device__ __forceinline__ uint32_t movt(uint32_t x) {
   uint32_t r;
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x));
@@ -63,7 +52,7 @@ __device__ __forceinline__ void sts(uint32_t addr, uint32_t v) {
 
 __global__ void __launch_bounds__(32 * WARPS, 1) chain(const uint32_t *seed, uint32_t *out, int steps) {
   __shared__ __align__(128) uint32_t state[WARPS * 128 * 8 / 2];  // S^T, 8 columns x 128 keys per warp, bf16
-  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const uint32_t *src = seed + (blockIdx.x * blockDim.x + threadIdx.x) * 128;
   // stage-only operands, once: Kd, Qd (8 k-steps x 4 words each), Kr^T (8 m-blocks), INV, Mqk, v, bsig, gamma
   uint32_t a_k[KB][4], a_q[KB][4], a_kr[KB][4], a_inv[4], a_mqk[4];

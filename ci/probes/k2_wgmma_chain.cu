@@ -37,6 +37,8 @@
 #include <cmath>
 #include <vector>
 
+#include "k2_probe_ops.cuh"
+
 constexpr int V = 64;    // value columns of one warpgroup (one CTA)
 constexpr int T = 16;    // tokens of one tile
 constexpr int K = 128;   // keys
@@ -56,22 +58,9 @@ __host__ __device__ inline float bf(uint16_t b) {
   uint32_t w = (uint32_t)b << 16; float f; memcpy(&f, &w, 4); return f;
 }
 __device__ __forceinline__ uint32_t pk(uint16_t lo, uint16_t hi) { return lo | ((uint32_t)hi << 16); }
-__device__ __forceinline__ uint32_t bf2(float lo, float hi) {  // cvt.rn.bf16x2: one rounding each
-  uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
 __device__ __forceinline__ uint16_t bf1(float x) { return (uint16_t)(bf2(x, 0.f) & 0xFFFFu); }
-__device__ __forceinline__ float lo16(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float hi16(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
 __device__ __forceinline__ float rnd(float x) { return lo16(bf1(x)); }  // bf(x) as fp32
 
-__device__ __forceinline__ void mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%0,%1,%2,%3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 __device__ __forceinline__ void ldsm(uint32_t *r, uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
@@ -149,14 +138,6 @@ __global__ void __launch_bounds__(256) reference(const Ops *ops, const uint16_t 
 }
 
 // ------------------------------------------------------------------------- the wgmma step
-// K1's raw tile image (the ldmatrix.x4 order K2 reads today): token t, key k (also INV and Mqk, k < 16).
-__device__ __forceinline__ int raw_image(int t, int k) {
-  return 512 * (k >> 4) + 128 * ((t >> 3) + 2 * ((k >> 3) & 1)) + 16 * (t & 7) + 2 * (k & 7);
-}
-__device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {  // no swizzle
-  return (uint64_t)((addr >> 4) & 0x3FFF) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
-         ((uint64_t)((sbo >> 4) & 0x3FFF) << 32);
-}
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wg_wait() {
@@ -351,12 +332,6 @@ __global__ void __launch_bounds__(128, 1) wg_chain(const Ops *ops, const uint16_
 }
 
 // ---------------------------------------------------------------------------------------- host
-static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
-static double uniform() {  // xorshift64*, in (0, 1)
-  rng_state ^= rng_state >> 12; rng_state ^= rng_state << 25; rng_state ^= rng_state >> 27;
-  return ((rng_state * 2685821657736338717ull) >> 11) * (1.0 / 9007199254740992.0) + 1e-300;
-}
-static double normal() { return sqrt(-2.0 * log(uniform())) * cos(6.283185307179586 * uniform()); }
 static uint16_t to_bf(double x) {  // round to nearest even, as cvt.rn does (no NaNs here)
   float f = (float)x; uint32_t w; memcpy(&w, &f, 4);
   w += 0x7FFFu + ((w >> 16) & 1u);

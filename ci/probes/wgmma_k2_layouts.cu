@@ -28,6 +28,8 @@
 #include <cmath>
 #include <vector>
 
+#include "k2_probe_ops.cuh"
+
 constexpr int V = 64;   // value columns of one warpgroup
 constexpr int T = 16;   // tokens of one tile
 constexpr int K = 128;  // key dimension
@@ -75,20 +77,12 @@ __global__ void mma_reference(const __nv_bfloat16 *S, const __nv_bfloat16 *Kd, c
     }
 }
 
-// Byte offsets of the three images (bf16 elements).
+// Byte offsets of the S^T and U images (bf16 elements); K1's raw image is raw_image (k2_probe_ops.cuh).
 __device__ __forceinline__ int st_image(int k, int v) {  // K2's S^T: rows k, 8 v per row
   return 128 * ((v >> 3) + 8 * (k >> 3)) + 16 * (k & 7) + 2 * (v & 7);
 }
-__device__ __forceinline__ int raw_image(int t, int k) {  // K1's tile image (ldmatrix.x4 order)
-  return 512 * (k >> 4) + 128 * ((t >> 3) + 2 * ((k >> 3) & 1)) + 16 * (t & 7) + 2 * (k & 7);
-}
 __device__ __forceinline__ int u_image(int t, int v) {  // U staged rows t, 8 v per row
   return 128 * ((v >> 3) + 8 * (t >> 3)) + 16 * (t & 7) + 2 * (v & 7);
-}
-
-__device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return (uint64_t)((addr >> 4) & 0x3FFF) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
-         ((uint64_t)((sbo >> 4) & 0x3FFF) << 32);  // base offset 0, no swizzle
 }
 
 #define WG_M64N16(d, da, db, scale_d)                                                                    \
@@ -171,12 +165,6 @@ __global__ void wgmma_products(const __nv_bfloat16 *S, const __nv_bfloat16 *Kd, 
     }
 }
 
-static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
-static double uniform() {  // xorshift64*, in (0, 1)
-  rng_state ^= rng_state >> 12; rng_state ^= rng_state << 25; rng_state ^= rng_state >> 27;
-  return ((rng_state * 2685821657736338717ull) >> 11) * (1.0 / 9007199254740992.0) + 1e-300;
-}
-static double normal() { return sqrt(-2.0 * log(uniform())) * cos(6.283185307179586 * uniform()); }
 static float draw(int mode, int i) {  // N(0,1); exponents over 2^[-20, 20]; cancelling pairs
   switch (mode) {
     case 0: return (float)normal();
