@@ -261,12 +261,11 @@ def _k2_ablation() -> List[Variant]:
 
 
 def _k2_regstate() -> List[Variant]:
-    """Prototype (branch k2-regstate; docs/speed_limits.md, "A register-state wgmma step"): K2 with
-    the state in registers and Q1 / Q5 as warpgroup MMAs, FlashKDA's recipe, a twin of every serial,
-    segmented and state-pool K2 variant with its arguments: with the producer warp at VB=64 (217-227
-    registers, no spill; at VB=128 its ninth warp caps ptxas at 168 registers, and it spills), and
-    folded (k2_regstate_f_*, no producer warp) at VB=64 and 128. The runtime picks them only under
-    KDA_EXPERIMENTAL_REGSTATE=1 (with the producer) or =folded (launcher._maybe_regstate)."""
+    """K2 with the state in registers and Q1 / Q5 as warpgroup MMAs (docs/k2_regstate.md), FlashKDA's
+    recipe, a twin of every serial, segmented and state-pool K2 variant with its arguments: with the
+    producer warp at VB=64 (217-227 registers, no spill; at VB=128 its ninth warp caps ptxas at 168
+    registers, and it spills), and folded (k2_regstate_f_*, no producer warp) at VB=64 and 128. The
+    planner picks a twin where it was measured faster (planner.k2_kernel, launcher.k2_kernel_name)."""
     entries = {"k2_recurrence": "k2_regstate", "k2_segments": "k2_regstate_segments", "k2_ext": "k2_regstate_ext"}
     out = []
     for v in _k2() + _k2_segments() + _k2_ext():
@@ -275,14 +274,9 @@ def _k2_regstate() -> List[Variant]:
         for folded in (False, True):
             if vb == 64 or (folded and vb == 128):
                 out.append(dataclasses.replace(
-                    v, name=regstate_name(v.name, folded), module="k2_regstate", entry=entries[v.entry],
+                    v, name=ABI_CONSTANTS.regstate_name(v.name, folded), module="k2_regstate", entry=entries[v.entry],
                     constants=base + (("folded", folded),)))
     return out
-
-
-def regstate_name(k2_name: str, folded: bool) -> str:
-    """The register-state twin of a K2 variant: k2_X -> k2_regstate_X, or k2_regstate_f_X folded."""
-    return k2_name.replace("k2_", "k2_regstate_" + ("f_" if folded else ""), 1)
 
 
 # The build compiles exactly these, in this order: the library addresses kernels by index, so the

@@ -7,12 +7,13 @@ the case that produced them. Problems are small: racecheck and initcheck slow ke
 orders of magnitude.
 """
 
+import os
 import sys
 
 import torch
 
 import kda_aot
-from kda_aot import reference
+from kda_aot import api, reference
 
 
 def run(lens, H, state, cp="off", dense=None, **kw):
@@ -36,6 +37,21 @@ def run_pool(lens, H, dtype, cp="off", **kw):
     return result
 
 
+def with_k2_kernel(kind, case):
+    """Runs case with KDA_K2_KERNEL=kind (k2 | regstate | folded): the planner picks the
+    register-state K2 at VB=64 and, on few pairs, at VB=128 (planner.k2_kernel), so the mma.sync K2
+    at those blocks and the folded kernel at VB=64 run only when forced."""
+    def forced():
+        os.environ["KDA_K2_KERNEL"] = kind
+        api._PLANS.clear()  # the variable is read when a call is planned
+        try:
+            case()
+        finally:
+            del os.environ["KDA_K2_KERNEL"]
+            api._PLANS.clear()
+    return forced
+
+
 CASES = {
     "serial-nostate": lambda: run([300, 17], 2, None),
     "serial-bf16": lambda: run([300, 17], 2, "bf16"),
@@ -44,13 +60,24 @@ CASES = {
     "varlen-empty-and-1-token": lambda: run([0, 1, 40, 0, 1], 2, "bf16"),
     # K2's longest-first dispatch order over several length buckets (varlen_tiles.longest_first_order)
     "varlen-longest-first": lambda: run([17, 300, 0, 1300, 45, 700, 300], 3, "fp32"),
-    # small problems pick VB=32; these force the default recipe's VB=128 and VB=64 K2 (their own
-    # launch hints and operand schedules, docs/k2_schedule.md), serial, segmented and state pool
+    # small problems pick VB=32 (the mma.sync K2); these force VB=128 and VB=64, where the planner
+    # picks the register-state K2 (docs/k2_regstate.md), serial, segmented and state pool
     "serial-vb128": lambda: run([300, 17], 2, "bf16", value_split=1),
     "serial-vb64": lambda: run([300, 17], 2, "fp32", value_split=2),
     "cp-vb128": lambda: run([1200, 300], 2, "fp32", cp=4, value_split=1),
     "cp-vb64": lambda: run([1200], 2, "bf16", cp=4, value_split=2),
     "pool-serial-vb64": lambda: run_pool([300, 17, 64], 2, torch.bfloat16, value_split=2),
+    "pool-cp-vb64": lambda: run_pool([1200, 300], 2, torch.float32, cp=4, value_split=2),
+    "checkpoints-cp-vb128": lambda: run([1200, 300], 2, "bf16", cp=4, checkpoint_every=32, value_split=1),
+    # the mma.sync K2 at VB=64 and 128 (their own launch hints and operand schedules,
+    # docs/k2_schedule.md), and the folded register-state K2 at VB=64
+    "mma-serial-vb128": with_k2_kernel("k2", lambda: run([300, 17], 2, "bf16", value_split=1)),
+    "mma-serial-vb64": with_k2_kernel("k2", lambda: run([300, 17], 2, "fp32", value_split=2)),
+    "mma-cp-vb128": with_k2_kernel("k2", lambda: run([1200, 300], 2, "fp32", cp=4, value_split=1)),
+    "mma-cp-vb64": with_k2_kernel("k2", lambda: run([1200], 2, "bf16", cp=4, value_split=2)),
+    "mma-pool-serial-vb64": with_k2_kernel("k2", lambda: run_pool([300, 17, 64], 2, torch.bfloat16, value_split=2)),
+    "folded-serial-vb64": with_k2_kernel("folded", lambda: run([300, 17], 2, "fp32", value_split=2)),
+    "folded-cp-vb64": with_k2_kernel("folded", lambda: run([1200], 2, "bf16", cp=4, value_split=2)),
     "cp-on": lambda: run([1200], 2, "fp32", cp="on"),
     "cp-2": lambda: run([1200], 2, "bf16", cp=2),
     "cp-4": lambda: run([1200, 300], 2, None, cp=4),

@@ -2,6 +2,7 @@
 FlashKDA (`flash_kda`, built from its public source; its output is checked bit for bit against ours).
 
     python -m kda_aot.bench [--suite serial|cp|large|all] [--iters 100] [--warmup 20] [--md FILE] [--accurate]
+                            [--value-split S ...] [--k2-kernel k2|regstate|folded ...]
 
 Method (docs/benchmarks.md; inputs of docs/algorithm.md §5.2): random inputs (q, k, v, g, beta ~ N(0,1) bf16, A_log and
 dt_bias ~ U(0,1), lower_bound -5), bf16 initial and final state, median of `iters` CUDA-event
@@ -13,6 +14,8 @@ Hopper GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
 import sys
 from typing import Callable, List, Sequence
@@ -180,6 +183,21 @@ def graph_runner(x, cu):
     return graph.replay
 
 
+@contextlib.contextmanager
+def forced_k2_kernel(kind: str):
+    """KDA_K2_KERNEL=kind (launcher.k2_kernel_name) for the calls planned inside; plans are cached
+    per problem, so the cache is emptied on entry and exit."""
+    from kda_aot import api
+
+    os.environ["KDA_K2_KERNEL"] = kind
+    api._PLANS.clear()
+    try:
+        yield
+    finally:
+        del os.environ["KDA_K2_KERNEL"]
+        api._PLANS.clear()
+
+
 def host_us(fn, calls: int = 100, repeats: int = 7, busy: bool = True) -> float:
     """Host time per call, median of `repeats` batches of `calls`. With `busy`, each batch is
     queued behind a long sleep kernel, so no call waits for the device: what the caller's thread
@@ -211,6 +229,9 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--value-split", type=int, nargs="*", default=None,
                         help="also time these forced K2 value splits (1, 2, 4)")
+    parser.add_argument("--k2-kernel", nargs="*", default=None, choices=("k2", "regstate", "folded"),
+                        help="also time the kernels mode with each of these K2 implementations forced "
+                             "(KDA_K2_KERNEL; the planner's pick is in the other columns)")
     parser.add_argument("--accurate", action="store_true",
                         help='also time numerics="accurate" (kernels mode) and its ratio to the default "flashkda"')
     parser.add_argument("--md", help="write the table as markdown to this file")
@@ -246,11 +267,11 @@ def main(argv=None) -> int:
           "cu_seqlens only, fresh inputs and outputs every call; eager+seq_lens = the same with the host hint; "
           "graph = the eager call replayed from a CUDA graph. host us = the caller's thread per call.", flush=True)
     splits = args.value_split or []
-    header = ["H", "sequences", "floor ms", "kernels ms", "eager ms", "eager+seq_lens ms", "graph ms", "plan"] + [
-        f"serial split {s} ms" for s in splits] + (
-        ["accurate kernels ms", "accurate / flashkda"] if args.accurate else []) + ["FLA ms", "FlashKDA ms (this run)", "FlashKDA bitwise",
-                                                    "graph vs FlashKDA", "FlashKDA ms (published, same H200 kind)",
-                                                    "host us eager / +seq_lens / given buffers"]
+    header = (["H", "sequences", "floor ms", "kernels ms", "eager ms", "eager+seq_lens ms", "graph ms", "plan"]
+              + [f"serial split {s} ms" for s in splits] + [f"kernels ms, K2={k}" for k in args.k2_kernel or []]
+              + (["accurate kernels ms", "accurate / flashkda"] if args.accurate else [])
+              + ["FLA ms", "FlashKDA ms (this run)", "FlashKDA bitwise", "graph vs FlashKDA",
+                 "FlashKDA ms (published, same H200 kind)", "host us eager / +seq_lens / given buffers"])
     rows = []
     for H, lens in cases:
         x, cu, out, final = make_case(H, lens)
@@ -268,6 +289,9 @@ def main(argv=None) -> int:
         plan = kda_aot.plan_prefill(lens, H, sm_count=torch.cuda.get_device_properties(0).multi_processor_count)
         plan_text = "serial" if plan.trivial else f"{plan.n_segments} segments (max {plan.max_segment_tiles} tiles)"
         split_ms = [time_ms(lambda s=s: call(s, "off"), args.iters, args.warmup) for s in splits]
+        for kind in args.k2_kernel or []:
+            with forced_k2_kernel(kind):
+                split_ms.append(time_ms(call, args.iters, args.warmup))
         if args.accurate:
             acc_ms = time_ms(lambda: call(numerics="accurate"), args.iters, args.warmup)
             split_ms += [acc_ms, acc_ms / kernels_ms]

@@ -20,6 +20,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import planner
+from .abi_constants import regstate_name
 from .loader import KernelLibrary
 from .program import NULL, STREAM, Program, Ref, ws
 from .validation import Problem
@@ -147,15 +148,19 @@ def _ext_dtype(problem: Problem) -> str:
     return "f32" if (problem.state_dtype or "float32") == "float32" else "bf16"
 
 
-def _maybe_regstate(lib: KernelLibrary, k2_name: str) -> str:
-    """The register-state K2 prototype's twin of a K2 variant (branch k2-regstate,
-    build_kernels/kernels/k2_regstate.py, same arguments), when KDA_EXPERIMENTAL_REGSTATE asks for it
-    ("1": with the producer warp, "folded": without) and the library has that twin (FlashKDA's
-    recipe; VB=64, or 128 folded); else k2_name itself."""
-    want = os.environ.get("KDA_EXPERIMENTAL_REGSTATE")
-    if want not in ("1", "folded"):
+def k2_kernel_name(lib: KernelLibrary, k2_name: str, value_block: int, n_pairs: int, sm_count: int) -> str:
+    """The kernel that runs the K2 variant `k2_name` (a mma.sync K2 at `value_block`, over `n_pairs`
+    (sequence or segment, head) pairs): its register-state twin
+    (abi_constants.regstate_name: same arguments, same bits) where planner.k2_kernel picks
+    one and the library has it, else k2_name. KDA_K2_KERNEL=k2|regstate|folded forces one, for
+    measurement; it is read when a call is planned."""
+    forced = os.environ.get("KDA_K2_KERNEL")
+    if forced and forced not in planner.K2_KERNELS:
+        raise ValueError(f"KDA_K2_KERNEL: expected one of {planner.K2_KERNELS} or unset, got {forced!r}")
+    kind = forced or planner.k2_kernel(value_block, n_pairs, sm_count)
+    if kind == "k2":
         return k2_name
-    twin = k2_name.replace("k2_", "k2_regstate_" + ("f_" if want == "folded" else ""), 1)
+    twin = regstate_name(k2_name, folded=kind == "folded")
     return twin if twin in lib.kernels else k2_name
 
 
@@ -181,8 +186,9 @@ def serial_launch(lib: KernelLibrary, problem: Problem, sm_count: int, value_spl
     _checkpoint_index(prog, problem, ws(off["seq_start"]))
     if cap > 0:
         _k1(prog, problem, off, problem.N, cap)
+    vb, pairs = plan.k2_constants["value_block"], problem.N * problem.H
     if uses_k2_ext(problem):
-        prog.add(_maybe_regstate(lib, f"k2_ext_{_ext_dtype(problem)}_vb{plan.k2_constants['value_block']}"), dict(
+        prog.add(k2_kernel_name(lib, f"k2_ext_{_ext_dtype(problem)}_vb{vb}", vb, pairs, sm_count), dict(
             v=Ref("v"), out=Ref("out"), **_workspace_args(off), seq_start=ws(off["seq_start"]),
             tile_prefix=ws(off["tile_prefix"]), seq_order=_seq_order(problem, off), final_slot=NULL,
             real_seq_start=ws(off["seq_start"]),
@@ -190,7 +196,7 @@ def serial_launch(lib: KernelLibrary, problem: Problem, sm_count: int, value_spl
             cap=cap, stream=STREAM))
         return Launch(prog.finish(), layout.nbytes, "serial")
     k2 = planner.select_variant(lib.kernels.values(), "k2_recurrence", plan.k2_constants)
-    prog.add(_maybe_regstate(lib, k2.name), dict(
+    prog.add(k2_kernel_name(lib, k2.name, vb, pairs, sm_count), dict(
         v=Ref("v"), out=Ref("out"), **_workspace_args(off), seq_start=ws(off["seq_start"]),
         tile_prefix=ws(off["tile_prefix"]), seq_order=_seq_order(problem, off),
         initial_state=Ref("initial_state") if problem.has_initial else NULL,
@@ -259,18 +265,18 @@ def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count:
     common = dict(v=Ref("v"), out=Ref("out"), **_workspace_args(off), **seg_tables)
     if uses_k2_ext(problem):
         real = off["real_seq_start"] if problem.checkpoint_every else off["seq_start"]
-        prog.add(_maybe_regstate(lib, f"k2_ext_segments_{_ext_dtype(problem)}_vb{vb}"), dict(
+        prog.add(k2_kernel_name(lib, f"k2_ext_segments_{_ext_dtype(problem)}_vb{vb}", vb, S * H, sm_count), dict(
             common, seq_order=NULL, final_slot=ws(off["final_slot"]), real_seq_start=ws(real),
             **_k2_ext_args(problem, ws(off["carries"])), **sizes))
     elif not problem.has_final:
         k2 = planner.select_variant(lib.kernels.values(), "k2_recurrence",
                                     {"has_initial": True, "has_final": False, "state_fp32": True, "value_block": vb,
                                      "accurate": accurate, "ablation": 0})
-        prog.add(_maybe_regstate(lib, k2.name), dict(common, seq_order=NULL, initial_state=ws(off["carries"]),
-                                                     final_state=NULL, **sizes))
+        prog.add(k2_kernel_name(lib, k2.name, vb, S * H, sm_count), dict(
+            common, seq_order=NULL, initial_state=ws(off["carries"]), final_state=NULL, **sizes))
     else:
         dtype = "f32" if problem.state_dtype == "float32" else "bf16"
-        prog.add(_maybe_regstate(lib, f"k2_segments_{dtype}_vb{vb}{acc}"), dict(
+        prog.add(k2_kernel_name(lib, f"k2_segments_{dtype}_vb{vb}{acc}", vb, S * H, sm_count), dict(
             v=Ref("v"), out=Ref("out"), **_workspace_args(off), seg_start=ws(off["seq_start"]),
             seg_prefix=ws(off["tile_prefix"]), carries=ws(off["carries"]), final_state=Ref("final_state"),
             final_slot=ws(off["final_slot"]), t_total=t_total, n_seg=S, n_heads=H, cap=cap, stream=STREAM))

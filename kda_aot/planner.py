@@ -46,6 +46,28 @@ def value_split(n_seq: int, n_heads: int, sm_count: int) -> int:
     return min(VALUE_SPLITS, key=lambda s: (ceil_div(work * s, sm_count) / s, s))
 
 
+# K2 kernels, one name per implementation of the same recurrence and rounding (bit for bit equal):
+# "k2" keeps the state in shared memory and multiplies with mma.sync (k2_recurrence.py);
+# "regstate" keeps it in registers, multiplies with warpgroup MMAs and has a producer warp (VB=64
+# only); "folded" is regstate without the producer warp (VB=64 and 128). k2_regstate.py has both.
+K2_KERNELS = ("k2", "regstate", "folded")
+# On the H200 (docs/k2_regstate.md) regstate beat k2 at VB=64 on all 13 measured shapes, and
+# folded beat k2 at VB=128 up to 384 (sequence, head) pairs on 132 SMs (2.9 per SM), then lost by
+# 1-4% from 512 pairs (3.9 per SM) up, where the SMs are full and k2's two CTAs per SM hide latency.
+FOLDED_MAX_PAIRS_PER_SM = 3
+
+
+def k2_kernel(value_block: int, n_pairs: int, sm_count: int) -> str:
+    """Which K2 implementation runs `n_pairs` (sequence or segment, head) pairs at `value_block`:
+    the register-state kernel where it was measured faster, k2 elsewhere (one of K2_KERNELS; the
+    launcher falls back to k2 where the library has no register-state twin: VB=32, accurate)."""
+    if value_block == 64:
+        return "regstate"
+    if value_block == 128 and n_pairs <= FOLDED_MAX_PAIRS_PER_SM * sm_count:
+        return "folded"
+    return "k2"
+
+
 @dataclasses.dataclass(frozen=True)
 class SerialPlan:
     tile_capacity: int

@@ -1,12 +1,12 @@
-"""The register-state K2 prototype (branch k2-regstate; KDA_EXPERIMENTAL_REGSTATE=1 or =folded) gives
-the default K2's outputs, final states, pool slots and checkpoints bit for bit (docs/speed_limits.md,
-"A register-state wgmma step"): serial, CP (its segmented K2 and the no-final-state K2 of a CP call)
-and the state pool with checkpoints.
+"""The register-state K2 (KDA_K2_KERNEL=regstate or =folded) gives the mma.sync K2's
+(KDA_K2_KERNEL=k2) outputs, final states, pool slots and checkpoints bit for bit
+(docs/k2_regstate.md): serial, CP (its segmented K2 and the no-final-state K2 of a CP call) and the
+state pool with checkpoints.
 
-Each case runs the prototype with the producer warp at value_split=2 (VB=64) and folded at 2 and 1
-(VB=128), against K2 at the same split; the launch program is checked to hold the prototype's
-kernels (or K2's). Every output is poisoned with NaN before each run, so a token the prototype
-skips shows; the default K2 is itself checked against float64 and FlashKDA elsewhere
+Each case runs the register-state kernel with the producer warp at value_split=2 (VB=64) and folded
+at 2 and 1 (VB=128), against K2 at the same split; the launch program is checked to hold its
+kernels (or K2's). Every output is poisoned with NaN before each run, so a token the register-state kernel
+skips shows; K2 is itself checked against float64 and FlashKDA elsewhere
 (tests/test_prefill_gpu.py, tests/test_flashkda_gpu.py)."""
 
 import pytest
@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 torch = pytest.importorskip("torch")
 
 D = 128
-MODES = [("1", 2), ("folded", 2), ("folded", 1)]  # KDA_EXPERIMENTAL_REGSTATE, value_split
+MODES = [("regstate", 2), ("folded", 2), ("folded", 1)]  # KDA_K2_KERNEL, value_split
 SERIAL = {
     "one sequence": ([1024], 4),
     "partial tiles, empty and one-token sequences": ([300, 17, 1, 0, 77], 8),
@@ -26,12 +26,12 @@ CP = {"two segments counts": ([8192, 2048], 4, 4), "always": ([4096, 1000, 0, 25
 
 
 def _prefill(monkeypatch, flag, x, **kw):
-    """prefill under KDA_EXPERIMENTAL_REGSTATE=flag ("0": K2), new NaN outputs; returns the cloned results
+    """prefill under KDA_K2_KERNEL=flag, new NaN outputs; returns the cloned results
     and the K2-family kernels its program ran."""
     import kda_aot
     from kda_aot import api
 
-    monkeypatch.setenv("KDA_EXPERIMENTAL_REGSTATE", flag)
+    monkeypatch.setenv("KDA_K2_KERNEL", flag)
     api._PLANS.clear()  # the environment is read when a call is planned
     out = torch.full_like(x["v"], float("nan"))
     args = {k: x[k] for k in ("A_log", "dt_bias", "lower_bound", "cu_seqlens")}
@@ -49,7 +49,7 @@ def _prefill(monkeypatch, flag, x, **kw):
 
 def _check_ran(k2, flag):
     assert k2, "no K2 ran"
-    if flag == "0":
+    if flag == "k2":
         assert not any(n.startswith("k2_regstate") for n in k2), k2
     else:
         prefix = "k2_regstate_f_" if flag == "folded" else "k2_regstate_"
@@ -86,9 +86,9 @@ def test_serial_is_bitwise_equal_to_k2(monkeypatch, name, state, mode):
     x = reference.make_inputs(lens, H, seed=11, device="cuda", state=state, **kw)
     flag, split = mode
     call = dict(initial_state=x["initial_state"], output_final_state=state is not None, cp="off", value_split=split)
-    ref, k2_ref = _prefill(monkeypatch, "0", x, **call)
+    ref, k2_ref = _prefill(monkeypatch, "k2", x, **call)
     got, k2_got = _prefill(monkeypatch, flag, x, **call)
-    _check_ran(k2_ref, "0")
+    _check_ran(k2_ref, "k2")
     _check_ran(k2_got, flag)
     _compare(ref, got)
 
@@ -106,9 +106,9 @@ def test_cp_is_bitwise_equal_to_k2(monkeypatch, name, state, final, mode):
     flag, split = mode
     call = dict(initial_state=x["initial_state"] if state else None, output_final_state=final, cp=cp,
                 value_split=split)
-    ref, k2_ref = _prefill(monkeypatch, "0", x, **call)
+    ref, k2_ref = _prefill(monkeypatch, "k2", x, **call)
     got, k2_got = _prefill(monkeypatch, flag, x, **call)
-    _check_ran(k2_ref, "0")
+    _check_ran(k2_ref, "k2")
     _check_ran(k2_got, flag)
     _compare(ref, got)
 
@@ -132,11 +132,11 @@ def test_state_pool_and_checkpoints_are_bitwise_equal_to_k2(monkeypatch, cp, dty
     idx = torch.tensor([5, 2, -1, 0, 6], dtype=torch.int32, device="cuda")
     flag, split = mode
     results = {}
-    for f in ("0", flag):
+    for f in ("k2", flag):
         st = storage.clone()
         pool = st.as_strided((S, H, D, D), (slot + 256, D * D, D, 1))
         res, k2 = _prefill(monkeypatch, f, x, state_pool=pool, state_indices=idx, cp=cp, checkpoint_every=64,
                            value_split=split)
         _check_ran(k2, f)
         results[f] = res + [st]
-    _compare(results["0"], results[flag])
+    _compare(results["k2"], results[flag])
