@@ -60,8 +60,8 @@ CASES = {
     "varlen-empty-and-1-token": lambda: run([0, 1, 40, 0, 1], 2, "bf16"),
     # K2's longest-first dispatch order over several length buckets (varlen_tiles.longest_first_order)
     "varlen-longest-first": lambda: run([17, 300, 0, 1300, 45, 700, 300], 3, "fp32"),
-    # small problems pick VB=32 (the mma.sync K2); these force VB=128 and VB=64, where the planner
-    # picks the register-state K2 (docs/k2_regstate.md), serial, segmented and state pool
+    # small serial problems pick the register-state K2 at VB=64, small CP ones VB=32 (the mma.sync
+    # K2); these force VB=128 and VB=64 (docs/k2_regstate.md), serial, segmented and state pool
     "serial-vb128": lambda: run([300, 17], 2, "bf16", value_split=1),
     "serial-vb64": lambda: run([300, 17], 2, "fp32", value_split=2),
     "cp-vb128": lambda: run([1200, 300], 2, "fp32", cp=4, value_split=1),
@@ -71,6 +71,7 @@ CASES = {
     "checkpoints-cp-vb128": lambda: run([1200, 300], 2, "bf16", cp=4, checkpoint_every=32, value_split=1),
     # the mma.sync K2 at VB=64 and 128 (their own launch hints and operand schedules,
     # docs/k2_schedule.md), and the folded register-state K2 at VB=64
+    "mma-serial-vb32": lambda: run([300, 17], 2, "bf16", value_split=4),
     "mma-serial-vb128": with_k2_kernel("k2", lambda: run([300, 17], 2, "bf16", value_split=1)),
     "mma-serial-vb64": with_k2_kernel("k2", lambda: run([300, 17], 2, "fp32", value_split=2)),
     "mma-cp-vb128": with_k2_kernel("k2", lambda: run([1200, 300], 2, "fp32", cp=4, value_split=1)),

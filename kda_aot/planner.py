@@ -7,7 +7,7 @@ count, so it is unit-tested on the CPU.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional, Tuple
 
 from .abi_constants import CHUNK, D, VALUE_BLOCKS
 
@@ -31,19 +31,27 @@ def tile_capacity(T: int, N: int, varlen: bool) -> int:
     return ceil_div(T, CHUNK) + N if varlen else N * ceil_div(T, CHUNK)
 
 
-def value_split(n_seq: int, n_heads: int, sm_count: int) -> int:
+# The splits a serial FlashKDA-recipe call chooses from: VB=128 and 64, where the register-state K2
+# runs (k2_kernel). VB=32 has only the mma.sync K2, and on the H200 it lost to the register-state
+# kernel at VB=64 or 128 on all nine single-sequence shapes measured, H=4 to 128
+# (docs/k2_regstate.md). CP keeps all three (its pre_scan has no register-state form).
+REGSTATE_SPLITS = (1, 2)
+
+
+def value_split(n_seq: int, n_heads: int, sm_count: int, splits: Tuple[int, ...] = VALUE_SPLITS) -> int:
     """How many CTAs share one (sequence, head) in K2, each owning 128/split value rows.
 
     Rows of the state evolve independently, so a split costs only re-reading the workspace tile
     from L2. When the (sequence, head) pairs already give every SM a CTA, no split (more CTAs per
     SM then only share its tensor cores). Otherwise the split minimises the waves of whole-head
-    work per SM, ceil(N*H*s / SMs) / s, ties going to the smaller split. On the H200 this picked
-    the fastest split for all six serial benchmark shapes (docs/value_split.md).
+    work per SM, ceil(N*H*s / SMs) / s, over `splits`, ties going to the smaller split. With the
+    mma.sync K2 alone this picked the fastest split for all six serial benchmark shapes on the H200
+    (docs/value_split.md); serial FlashKDA-recipe calls now choose from REGSTATE_SPLITS.
     """
     work = n_seq * n_heads
     if work >= sm_count:
         return 1
-    return min(VALUE_SPLITS, key=lambda s: (ceil_div(work * s, sm_count) / s, s))
+    return min(splits, key=lambda s: (ceil_div(work * s, sm_count) / s, s))
 
 
 # K2 kernels, one name per implementation of the same recurrence and rounding (bit for bit equal):
@@ -79,7 +87,8 @@ class SerialPlan:
 def plan_serial(*, T: int, N: int, H: int, varlen: bool, has_initial: bool, has_final: bool,
                 state_dtype: Optional[str], sm_count: int, value_split_override: Optional[int] = None,
                 numerics: str = "flashkda") -> SerialPlan:
-    split = value_split_override or value_split(N, H, sm_count)
+    split = value_split_override or value_split(N, H, sm_count,
+                                                REGSTATE_SPLITS if numerics == "flashkda" else VALUE_SPLITS)
     if split not in VALUE_SPLITS:
         raise ValueError(f"value_split: expected one of {VALUE_SPLITS}, got {split}")
     constants = {

@@ -44,7 +44,7 @@ def test_serial_dense_launches_every_kernel_with_the_callers_pointers(rec):
     ws = _ws(x)
     call(x, workspace=ws)
     launches = rec.last
-    assert _names(launches) == ["seq_tables_dense", "k1_prepare", "k2_inout_bf16_vb32"]
+    assert _names(launches) == ["seq_tables_dense", "k1_prepare", "k2_regstate_inout_bf16_vb64"]
     k1, k2 = launches[1].args, launches[2].args
     assert (k1["q"], k1["k"], k1["g"], k1["beta"], k1["a_log"], k1["dt_bias"]) == tuple(
         x[n].ptr for n in ("q", "k", "g", "beta", "A_log", "dt_bias"))

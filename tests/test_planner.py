@@ -22,10 +22,19 @@ def test_value_split_fills_the_machine(N, H, sms, want):
     assert planner.value_split(N, H, sms) == want
 
 
+@pytest.mark.parametrize("N,H,want", [(1, 4, 2), (1, 32, 2), (1, 64, 2), (1, 96, 1), (1, 128, 1), (6, 64, 1)])
+def test_serial_flashkda_calls_split_at_most_in_two(N, H, want):
+    """Serial FlashKDA-recipe calls choose VB=128 or 64, where the register-state K2 runs; the
+    accurate recipe (mma.sync K2 only) still splits in four (docs/k2_regstate.md)."""
+    kw = dict(T=8192, N=N, H=H, varlen=N > 1, has_initial=False, has_final=False, state_dtype=None, sm_count=132)
+    assert planner.plan_serial(**kw).value_split == want
+    assert planner.plan_serial(**kw, numerics="accurate").value_split == planner.value_split(N, H, 132)
+
+
 def test_plan_serial_picks_state_variant():
     plan = planner.plan_serial(T=100, N=2, H=4, varlen=False, has_initial=True, has_final=False,
                                state_dtype="float32", sm_count=132)
-    assert plan.k2_constants == {"has_initial": True, "has_final": False, "state_fp32": True, "value_block": 32,
+    assert plan.k2_constants == {"has_initial": True, "has_final": False, "state_fp32": True, "value_block": 64,
                                  "accurate": False, "ablation": 0}
     plan = planner.plan_serial(T=100, N=2, H=4, varlen=False, has_initial=True, has_final=False,
                                state_dtype="float32", sm_count=132, numerics="accurate")

@@ -194,7 +194,7 @@ def test_serial_pool_call_hands_the_pool_to_k2_in_place(rec):
     o, fs = call(x, state_pool=pool, state_indices=idx, cp="off", workspace=_ws())
     assert fs is None
     names = [launch.name for launch in rec.last]
-    assert names == ["seq_tables_int32", "k1_prepare", "k2_ext_f32_vb32"], names
+    assert names == ["seq_tables_int32", "k1_prepare", "k2_regstate_ext_f32_vb64"], names
     k2 = rec.last[-1].args
     assert k2["initial_state"] == k2["final_state"] == pool.ptr and k2["state_index"] == idx.ptr
     assert k2["slot_stride"] == 2 * D * D + 256 and k2["n_pool"] == 6 and k2["checkpoints"] == 0
@@ -223,11 +223,12 @@ def test_cp_pool_call_with_checkpoints(rec):
 
 
 def test_default_calls_launch_what_they_did(rec):
-    """Without the new arguments nothing changes: the same kernels as before."""
+    """Without the new arguments nothing changes: the same kernels as before (the register-state K2
+    at VB=64 on few pairs, docs/k2_regstate.md)."""
     from recording import call, problem_args
 
     call(problem_args(H=2, lens=[100, 60], state="float32"), cp="off", workspace=_ws())
-    assert [launch.name for launch in rec.last] == ["seq_tables_int32", "k1_prepare", "k2_inout_f32_vb32"]
+    assert [launch.name for launch in rec.last] == ["seq_tables_int32", "k1_prepare", "k2_regstate_inout_f32_vb64"]
 
 
 def test_checkpoints_without_states_and_without_heads(rec):
@@ -240,7 +241,7 @@ def test_checkpoints_without_states_and_without_heads(rec):
     ix = device_buffer("checkpoint_index", (4, 2), "int32")
     call(x, cp="off", checkpoint_every=64, checkpoints=ck, checkpoint_index=ix, workspace=_ws())
     names = [launch.name for launch in rec.last]
-    assert names == ["seq_tables_int32", "checkpoint_index", "k1_prepare", "k2_ext_f32_vb32"], names
+    assert names == ["seq_tables_int32", "checkpoint_index", "k1_prepare", "k2_regstate_ext_f32_vb64"], names
     k2 = rec.last[-1].args
     assert k2["initial_state"] == k2["final_state"] == k2["state_index"] == 0
     assert k2["checkpoints"] == ck.ptr and k2["n_pool"] == 2 and k2["slot_stride"] == 2 * D * D
