@@ -289,7 +289,7 @@ FAMILIES = {"seq_tables": _seq_tables, "k1": _k1, "k2": _k2, "approx": _approx, 
             "k2_accurate": lambda: _k2(True), "k2_segments_accurate": lambda: _k2_segments(True),
             "cp_pre_scan_accurate": lambda: _cp_pre_scan(True), "k2_ablation": _k2_ablation,
             "k1_accurate": _k1_accurate,
-            # the register-state prototype last
+            # the register-state K2 last
             "k2_regstate": _k2_regstate}
 
 

@@ -1,4 +1,4 @@
-"""The register-state K2 prototype (branch k2-regstate) compiles without a spill and fits the CTAs
+"""The register-state K2 (docs/k2_regstate.md) compiles without a spill and fits the CTAs
 per SM it is launched for (compile-only, on the CPU; needs the DSL).
 
 Registers are allocated per SM sub-partition: four of 16384, a CTA's warps dealt round-robin over

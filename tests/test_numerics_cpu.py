@@ -90,7 +90,7 @@ def test_every_state_kernel_has_an_accurate_twin_and_nothing_else_does():
     kernels = get_library().kernels
     twins = 0
     for name, k in kernels.items():
-        if k.entry == "k2_regstate":  # the register-state prototype: FlashKDA's recipe only (registry._k2_regstate)
+        if k.entry == "k2_regstate":  # the register-state K2: FlashKDA's recipe only (registry._k2_regstate)
             assert name.startswith("k2_regstate_") and "accurate" not in k.constants, name
             continue
         if k.constants.get("ablation", 0):  # measurement-only partial recipes (registry._k2_ablation)

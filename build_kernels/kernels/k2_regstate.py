@@ -1,5 +1,5 @@
-"""K2 with the state in registers: the chunk recurrence as warpgroup MMAs (prototype; docs/speed_limits.md,
-"A register-state wgmma step").
+"""K2 with the state in registers: the chunk recurrence as warpgroup MMAs (docs/k2_regstate.md: what
+it measured and when the planner picks it; docs/speed_limits.md, "A register-state wgmma step").
 
 The same recipe, arguments, grid order and stage ring as K2 (k2_recurrence.py), bit for bit the same
 results (tests/test_k2_regstate_gpu.py), with every product of the tile step computed transposed
