@@ -69,6 +69,15 @@ def _compare(ref, got):
             pytest.fail(f"result {i}: {differ} bytes differ")
 
 
+def _compare_with_k2(monkeypatch, flag, x, call):
+    """The same call under KDA_K2_KERNEL=k2 and =flag: each ran its kernels, with equal bytes."""
+    ref, k2_ref = _prefill(monkeypatch, "k2", x, **call)
+    got, k2_got = _prefill(monkeypatch, flag, x, **call)
+    _check_ran(k2_ref, "k2")
+    _check_ran(k2_got, flag)
+    _compare(ref, got)
+
+
 def _skip_without_gpu():
     if not torch.cuda.is_available():
         pytest.skip("no GPU")
@@ -86,11 +95,7 @@ def test_serial_is_bitwise_equal_to_k2(monkeypatch, name, state, mode):
     x = reference.make_inputs(lens, H, seed=11, device="cuda", state=state, **kw)
     flag, split = mode
     call = dict(initial_state=x["initial_state"], output_final_state=state is not None, cp="off", value_split=split)
-    ref, k2_ref = _prefill(monkeypatch, "k2", x, **call)
-    got, k2_got = _prefill(monkeypatch, flag, x, **call)
-    _check_ran(k2_ref, "k2")
-    _check_ran(k2_got, flag)
-    _compare(ref, got)
+    _compare_with_k2(monkeypatch, flag, x, call)
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: f"{m[0]}-split{m[1]}")
@@ -106,11 +111,7 @@ def test_cp_is_bitwise_equal_to_k2(monkeypatch, name, state, final, mode):
     flag, split = mode
     call = dict(initial_state=x["initial_state"] if state else None, output_final_state=final, cp=cp,
                 value_split=split)
-    ref, k2_ref = _prefill(monkeypatch, "k2", x, **call)
-    got, k2_got = _prefill(monkeypatch, flag, x, **call)
-    _check_ran(k2_ref, "k2")
-    _check_ran(k2_got, flag)
-    _compare(ref, got)
+    _compare_with_k2(monkeypatch, flag, x, call)
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: f"{m[0]}-split{m[1]}")

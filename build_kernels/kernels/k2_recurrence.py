@@ -16,7 +16,7 @@ Thread roles (no store warp: outputs go straight from the MMA warps as predicate
              other, only with the producer through the stage barriers.
   warp W     producer: elected lanes arm the stage and issue every bulk copy of a tile (3 elect regions).
              The serial accurate VB=128 kernel has no warp W (folded_producer): MMA warp 0 issues the
-             first PREFETCH = 2 tiles before the entry state loads, and MMA warp i % W issues tile
+             first FOLDED_PREFETCH = 2 tiles before the entry state loads, and MMA warp i % W issues tile
              i + 2 at the start of tile i, so that its 8-warp CTAs fit two per SM at 128 registers
              (docs/k2_producer.md).
 
@@ -70,20 +70,12 @@ from cutlass import Int32, Int64, Float32
 from .ptx_ops import (add_rn, ldg_b32, ldg_bf16_pair, ldg_f32, ldg_f32_pair_bf16, lds_b32, lds_bf16_f32, lds_f32,
                       ldsm_x4, ldsm_x4_t, mma_bf16_16816, pack_bf16x2, round_bf16x2, select_b32, stg_b32_if, stg_bf16_pair,
                       stg_f32, stg_f32_pair_from_bf16, sts_b32, unpack_bf16x2)
-from .recurrence_common import (BSIG_BYTES, GT_BYTES, HEAD_ROW_BYTES, SQ_BYTES, STAGES, TILE_BYTES, alloc_ring,
-                                init_ring, mma_split, mma_warps, produce_tile, produce_tiles, solve_u_fragment,
-                                solve_u_fragment_accurate, state_f32_step, state_words_step, v_stride)
-from .state_io import checkpoint_due, pool_slot, sequence_start_of
+from .recurrence_common import (FOLDED_PREFETCH, HEAD_ROW_BYTES, K2_OFF_BSIG, K2_OFF_GT, K2_OFF_INV, K2_OFF_KD,
+                                K2_OFF_KR, K2_OFF_MQK, K2_OFF_QD, K2_OFF_V, STAGES, alloc_ring, init_ring,
+                                k2_stage_bytes, k2_tile_source, mma_split, mma_warps, produce_tile, produce_tiles,
+                                solve_u_fragment, solve_u_fragment_accurate, state_f32_step, state_words_step, v_stride)
+from .state_io import checkpoint_due, k2_state_slots, sequence_start_of
 from .tile_ops import CHUNK, D, await_previous_grid
-
-# K2's stage layout (bytes): qd | kd | kr | gt | inv | mqk | bsig (+96 pad) | v rows
-OFF_QD, OFF_KD, OFF_KR = 0, TILE_BYTES, 2 * TILE_BYTES
-OFF_GT = 3 * TILE_BYTES
-OFF_INV = OFF_GT + GT_BYTES
-OFF_MQK = OFF_INV + SQ_BYTES
-OFF_BSIG = OFF_MQK + SQ_BYTES
-OFF_V = OFF_BSIG + 128
-FIXED_TX = 3 * TILE_BYTES + GT_BYTES + 2 * SQ_BYTES + BSIG_BYTES  # 13856 bytes + the v rows
 
 
 def folded_producer(vb: int, accurate: bool, segmented: bool) -> bool:
@@ -102,30 +94,6 @@ def folded_producer(vb: int, accurate: bool, segmented: bool) -> bool:
 def k2_threads(vb: int, accurate: bool, segmented: bool) -> int:
     """Threads per K2 CTA: the MMA warps, and the producer warp unless they produce themselves."""
     return 32 * (mma_warps(vb) + (0 if folded_producer(vb, accurate, segmented) else 1))
-
-
-# Tiles in flight ahead of the one being computed when the MMA warps produce: tile i + PREFETCH goes
-# into the stage tile i - 1 used, which every warp has released by the time any warp starts tile i
-# (folded_producer).
-PREFETCH = STAGES - 1
-
-
-def stage_bytes(vb: int) -> int:
-    return (OFF_V + CHUNK * v_stride(vb) + 127) // 128 * 128
-
-
-
-
-def _tile_source(tok0, tok_end, h64, H64, cap, tile0, vblk, VB: int, v_ptr, qd_ptr, kd_ptr, kr_ptr, gt_ptr, inv_ptr,
-                 mqk_ptr, bsig_ptr):
-    """The arguments of produce_tile(s) after the ring and the tile index: where tile j of this
-    CTA's (sequence, head) comes from, and K2's stage layout."""
-    return (tok0, tok_end, h64 * Int64(cap) + Int64(tile0),
-            v_ptr + h64 * HEAD_ROW_BYTES + Int64(vblk * (VB * 2)), H64 * HEAD_ROW_BYTES,
-            ((OFF_QD, qd_ptr), (OFF_KD, kd_ptr), (OFF_KR, kr_ptr)),
-            ((OFF_GT, gt_ptr, GT_BYTES), (OFF_INV, inv_ptr, SQ_BYTES), (OFF_MQK, mqk_ptr, SQ_BYTES),
-             (OFF_BSIG, bsig_ptr, BSIG_BYTES)),
-            stage_bytes(VB), OFF_V, v_stride(VB), FIXED_TX, VB * 2)
 
 
 def k2_schedule(vb: int, accurate: bool, segmented: bool):
@@ -172,8 +140,8 @@ def k2_launch_hint(vb: int, accurate: bool, segmented: bool) -> dict:
 
 def _q1_operands(sb, region, kb, off_a, off_sb, NB: int, b_pair):
     """Q1's operands of k-step kb: the Kd and Qd A fragments and the NB S^T B fragments."""
-    a_k = ldsm_x4(sb + OFF_KD + 512 * kb + off_a)
-    a_q = ldsm_x4(sb + OFF_QD + 512 * kb + off_a)
+    a_k = ldsm_x4(sb + K2_OFF_KD + 512 * kb + off_a)
+    a_q = ldsm_x4(sb + K2_OFF_QD + 512 * kb + off_a)
     bfrags = []
     if NB >= 2:
         for p in range(NB // 2):
@@ -189,8 +157,8 @@ def _q1_operands(sb, region, kb, off_a, off_sb, NB: int, b_pair):
 
 def _q2_q4_operands(sb, off_sq, g):
     """Q2-Q4's stage operands: the INV and Mqk A fragments, bsig of rows g and g + 8."""
-    return (ldsm_x4(sb + OFF_INV + off_sq), ldsm_x4(sb + OFF_MQK + off_sq), lds_bf16_f32(sb + OFF_BSIG + 2 * g),
-            lds_bf16_f32(sb + OFF_BSIG + 2 * (g + 8)))
+    return (ldsm_x4(sb + K2_OFF_INV + off_sq), ldsm_x4(sb + K2_OFF_MQK + off_sq), lds_bf16_f32(sb + K2_OFF_BSIG + 2 * g),
+            lds_bf16_f32(sb + K2_OFF_BSIG + 2 * (g + 8)))
 
 
 def _v_words(v_a0, nb, ok0, ok1, VSTR: int):
@@ -202,8 +170,8 @@ def _v_words(v_a0, nb, ok0, ok1, VSTR: int):
 
 def _q5_operands(sb, mb, off_kr, g):
     """Q5's operands of m-block mb: the Kr^T A fragment (keys 16 mb ..) and gamma of keys g and g + 8."""
-    return (ldsm_x4_t(sb + OFF_KR + 512 * mb + off_kr), lds_f32(sb + OFF_GT + 4 * (16 * mb + g)),
-            lds_f32(sb + OFF_GT + 4 * (16 * mb + 8 + g)))
+    return (ldsm_x4_t(sb + K2_OFF_KR + 512 * mb + off_kr), lds_f32(sb + K2_OFF_GT + 4 * (16 * mb + g)),
+            lds_f32(sb + K2_OFF_GT + 4 * (16 * mb + 8 + g)))
 
 
 def _store_exit_state(final_ptr, final_base, region, lane, col0, NB: int, NW: int, final_fp32: bool):
@@ -288,7 +256,7 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
     NW = VB // MMA_WARPS  # value columns per MMA warp
     NB = NW // 8  # n-blocks of 8 per warp
     VSTR = v_stride(VB)
-    SB = stage_bytes(VB)
+    SB = k2_stage_bytes(VB)
     HOIST, P1, P5 = k2_schedule(VB, accurate, final_slots)
 
     # One CTA per (sequence, head) pair on grid x, sequence-major, the value block on z: the GPU
@@ -310,26 +278,8 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
 
     tile0 = mPrefix[n]
     ntiles = mPrefix[n + 1] - tile0
-    # A CTA with no tile and no final state to write has nothing to do. It must not even read its
-    # entry state: the CP runtime leaves the carries of its padding segments (empty, final_slot
-    # -1) uninitialised. The condition is uniform over the CTA, so the ring's barriers (set up
-    # inside the branch) are used by all of its threads or by none.
-    busy = ntiles
-    slot = n
-    if cutlass.const_expr(has_final):
-        # final_slots (CP): "sequence" n is a segment; only a sequence's last segment has a slot
-        # (the sequence index, -1 otherwise) and writes final_state[slot] directly.
-        if cutlass.const_expr(final_slots):
-            slot = mSlot[n]
-        if cutlass.const_expr(ext):
-            # k2_ext (docs/state_pool.md): the state row of sequence `slot` is state_index[slot]
-            # (or `slot` without an index), -1 when there is none or no final pointer
-            slot = pool_slot(slot, idx_ptr, n_pool, final_ptr)
-        if slot >= 0:
-            busy = Int32(1)
-    in_slot = n
-    if cutlass.const_expr(ext and not final_slots):
-        in_slot = pool_slot(n, idx_ptr, n_pool, init_ptr)
+    busy, slot, in_slot = k2_state_slots(n, ntiles, mSlot, idx_ptr, n_pool, init_ptr, final_ptr, has_final,
+                                         final_slots, ext)
     if busy > 0:
         init_ring(warp, full, empty, 32 * MMA_WARPS)
 
@@ -341,18 +291,18 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
         if warp == LOAD_WARP:
             # ---------------------------------------------------------------- producer
             if cutlass.const_expr(not FOLDED):
-                produce_tiles(full, empty, buf_addr, ntiles, *_tile_source(tok0, tok_end, h64, H64, cap, tile0, vblk, VB,
+                produce_tiles(full, empty, buf_addr, ntiles, *k2_tile_source(tok0, tok_end, h64, H64, cap, tile0, vblk, VB,
                                                                            v_ptr, qd_ptr, kd_ptr, kr_ptr, gt_ptr,
                                                                            inv_ptr, mqk_ptr, bsig_ptr))
         else:
             # ---------------------------------------------------------------- MMA warps
             if cutlass.const_expr(FOLDED):
-                # the MMA warps produce: warp 0 the first PREFETCH tiles now, overlapping the entry
-                # state's load, then warp i % MMA_WARPS tile i + PREFETCH at the start of tile i
-                tile_source = _tile_source(tok0, tok_end, h64, H64, cap, tile0, vblk, VB, v_ptr, qd_ptr, kd_ptr,
+                # the MMA warps produce: warp 0 the first FOLDED_PREFETCH tiles now, overlapping the entry
+                # state's load, then warp i % MMA_WARPS tile i + FOLDED_PREFETCH at the start of tile i
+                tile_source = k2_tile_source(tok0, tok_end, h64, H64, cap, tile0, vblk, VB, v_ptr, qd_ptr, kd_ptr,
                                            kr_ptr, gt_ptr, inv_ptr, mqk_ptr, bsig_ptr)
                 if warp == 0:
-                    for t in cutlass.range_constexpr(PREFETCH):
+                    for t in cutlass.range_constexpr(FOLDED_PREFETCH):
                         if t < ntiles:
                             produce_tile(full, empty, buf_addr, Int32(t), *tile_source)
             w = warp
@@ -408,8 +358,8 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
                 if cutlass.const_expr(FOLDED):
                     # the warps take turns, so each pays for one tile's copies in MMA_WARPS
                     if warp == i % MMA_WARPS:
-                        if i + PREFETCH < ntiles:
-                            produce_tile(full, empty, buf_addr, i + PREFETCH, *tile_source)
+                        if i + FOLDED_PREFETCH < ntiles:
+                            produce_tile(full, empty, buf_addr, i + FOLDED_PREFETCH, *tile_source)
                 cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
                 sb = buf_addr + s * SB
                 start = tok0 + i * CHUNK
@@ -421,7 +371,7 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
                     a_inv, a_mqk, bs0, bs1 = _q2_q4_operands(sb, off_sq, g)
                     ok0 = Int32(g < m)
                     ok1 = Int32(g + 8 < m)
-                    v_a0 = sb + OFF_V + g * VSTR + (w * NW + 2 * q) * 2
+                    v_a0 = sb + K2_OFF_V + g * VSTR + (w * NW + 2 * q) * 2
                     v_pre = [_v_words(v_a0, nb, ok0, ok1, VSTR) for nb in range(NB)]
 
                 # -------- Q1: u, o1 accumulators, 8 sequential k-steps, operands read P1 k-steps ahead
@@ -451,7 +401,7 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
                 out_a0 = out_ptr + row0 * HEAD_ROW_BYTES + Int64(col0 + 2 * q) * 2
                 out_a1 = out_a0 + Int64(8) * H64 * HEAD_ROW_BYTES
                 if cutlass.const_expr(not HOIST):
-                    v_a0 = sb + OFF_V + g * VSTR + (w * NW + 2 * q) * 2
+                    v_a0 = sb + K2_OFF_V + g * VSTR + (w * NW + 2 * q) * 2
                 u_frag = []
                 for nb in cutlass.range_constexpr(NB):
                     if cutlass.const_expr(HOIST):

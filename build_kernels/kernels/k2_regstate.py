@@ -45,32 +45,16 @@ from .ptx_ops import (add_rn, fma_rn, ldg_b32, ldg_b32_if, ldg_f32_pair_bf16_if,
                       lds_v2_f32, ldsm_x4, mma_bf16_16816, movmatrix_t, mul_rn, pack_bf16x2, round_bf16x2, smem_desc,
                       stg_b32, stg_b32_if, stg_v2_f32, sub_rn, unpack_bf16x2, wgmma_commit, wgmma_fence,
                       wgmma_m64n16k16_rs, wgmma_m64n128k16_rs_mn, wgmma_wait)
-from .recurrence_common import (BSIG_BYTES, GT_BYTES, HEAD_ROW_BYTES, SQ_BYTES, STAGES, TILE_BYTES, alloc_ring,
-                                init_ring, produce_tile, produce_tiles, v_stride)
-from .state_io import checkpoint_due, pool_slot, sequence_start_of
+from .recurrence_common import (FOLDED_PREFETCH, HEAD_ROW_BYTES, K2_OFF_BSIG, K2_OFF_GT, K2_OFF_INV, K2_OFF_KD,
+                                K2_OFF_KR, K2_OFF_MQK, K2_OFF_QD, K2_OFF_V, STAGES, alloc_ring, init_ring,
+                                k2_stage_bytes, k2_tile_source, produce_tile, produce_tiles, v_stride)
+from .state_io import checkpoint_due, k2_state_slots, sequence_start_of
 from .tile_ops import CHUNK, D, await_previous_grid
 
-# The stage: K2's layout (qd | kd | kr | gt | inv | mqk | bsig (+96 pad) | v rows), K1's images as
-# they are. Kd and Qd are K-major wgmma B operands (k16 step kb at + 512 kb; 256 bytes between the
-# two 8-key halves, 128 between token blocks), Kr an MN-major one (128 bytes between token
-# blocks, 256 between 8-key blocks).
-OFF_QD, OFF_KD, OFF_KR = 0, TILE_BYTES, 2 * TILE_BYTES
-OFF_GT = 3 * TILE_BYTES
-OFF_INV = OFF_GT + GT_BYTES
-OFF_MQK = OFF_INV + SQ_BYTES
-OFF_BSIG = OFF_MQK + SQ_BYTES
-OFF_V = OFF_BSIG + 128
-FIXED_TX = 3 * TILE_BYTES + GT_BYTES + 2 * SQ_BYTES + BSIG_BYTES
+# The stage is K2's (recurrence_common, K2_OFF_*), K1's images as they are. Kd and Qd are K-major
+# wgmma B operands (k16 step kb at + 512 kb; 256 bytes between the two 8-key halves, 128 between
+# token blocks), Kr an MN-major one (128 bytes between token blocks, 256 between 8-key blocks).
 WG_COLS = 64  # value columns per warpgroup (the M of every wgmma)
-
-
-def stage_bytes(vb: int) -> int:
-    return (OFF_V + CHUNK * v_stride(vb) + 127) // 128 * 128
-
-
-# Tiles in flight ahead of the one being computed when the MMA warps produce (folded): tile i + PREFETCH
-# goes into the stage tile i - 1 used, which every warp released before any warp starts tile i.
-PREFETCH = STAGES - 1
 
 
 def regstate_threads(vb: int, folded: bool) -> int:
@@ -80,18 +64,6 @@ def regstate_threads(vb: int, folded: bool) -> int:
     VB=128 one (9 warps) leaves ptxas 168; folded, two VB=64 CTAs or one VB=128 CTA put two warps on
     each sub-partition, and up to 255 registers fit (docs/k2_producer.md)."""
     return 32 * (4 * (vb // WG_COLS) + (0 if folded else 1))
-
-
-def _tile_source(tok0, tok_end, h64, H64, cap, tile0, vblk, VB: int, v_ptr, qd_ptr, kd_ptr, kr_ptr, gt_ptr, inv_ptr,
-                 mqk_ptr, bsig_ptr):
-    """The arguments of produce_tile(s) after the ring and the tile index: where tile j of this
-    CTA's (sequence, head) comes from, and the stage layout."""
-    return (tok0, tok_end, h64 * Int64(cap) + Int64(tile0),
-            v_ptr + h64 * HEAD_ROW_BYTES + Int64(vblk * (VB * 2)), H64 * HEAD_ROW_BYTES,
-            ((OFF_QD, qd_ptr), (OFF_KD, kd_ptr), (OFF_KR, kr_ptr)),
-            ((OFF_GT, gt_ptr, GT_BYTES), (OFF_INV, inv_ptr, SQ_BYTES), (OFF_MQK, mqk_ptr, SQ_BYTES),
-             (OFF_BSIG, bsig_ptr, BSIG_BYTES)),
-            stage_bytes(VB), OFF_V, v_stride(VB), FIXED_TX, VB * 2)
 
 
 def _state_word_offset(col_wg, r0, q, kb: int, e: int):
@@ -143,7 +115,7 @@ def _k2_regstate_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int
     VB = value_block
     MMA_WARPS = 4 * (VB // WG_COLS)
     VSTR = v_stride(VB)
-    SB = stage_bytes(VB)
+    SB = k2_stage_bytes(VB)
 
     # (sequence, head) on grid x in K2's dispatch order (docs/dispatch_order.md), value block on z
     pair, _, vblk = cute.arch.block_idx()
@@ -160,20 +132,8 @@ def _k2_regstate_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int
 
     tile0 = mPrefix[n]
     ntiles = mPrefix[n + 1] - tile0
-    # as K2: a CTA with no tile and no final state to write has nothing to do (and must not read its
-    # entry: the CP runtime leaves the carries of padding segments uninitialised)
-    busy = ntiles
-    slot = n
-    if cutlass.const_expr(has_final):
-        if cutlass.const_expr(final_slots):
-            slot = mSlot[n]
-        if cutlass.const_expr(ext):
-            slot = pool_slot(slot, idx_ptr, n_pool, final_ptr)
-        if slot >= 0:
-            busy = Int32(1)
-    in_slot = n
-    if cutlass.const_expr(ext and not final_slots):
-        in_slot = pool_slot(n, idx_ptr, n_pool, init_ptr)
+    busy, slot, in_slot = k2_state_slots(n, ntiles, mSlot, idx_ptr, n_pool, init_ptr, final_ptr, has_final,
+                                         final_slots, ext)
     if busy > 0:
         init_ring(warp, full, empty, 32 * MMA_WARPS)
         tok0 = mStart[n]
@@ -181,7 +141,7 @@ def _k2_regstate_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int
         h64 = Int64(h)
         H64 = Int64(n_heads)
 
-        tile_source = _tile_source(tok0, tok_end, h64, H64, cap, tile0, vblk, VB, v_ptr, qd_ptr, kd_ptr, kr_ptr,
+        tile_source = k2_tile_source(tok0, tok_end, h64, H64, cap, tile0, vblk, VB, v_ptr, qd_ptr, kd_ptr, kr_ptr,
                                    gt_ptr, inv_ptr, mqk_ptr, bsig_ptr)
         if warp == MMA_WARPS:
             # ---------------------------------------------------------------- producer (K2's)
@@ -190,10 +150,10 @@ def _k2_regstate_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int
         else:
             # ---------------------------------------------------------------- MMA warpgroups
             if cutlass.const_expr(folded):
-                # the MMA warps produce: warp 0 the first PREFETCH tiles now, overlapping the entry
-                # state's load, then warp i % MMA_WARPS tile i + PREFETCH at the start of tile i
+                # the MMA warps produce: warp 0 the first FOLDED_PREFETCH tiles now, overlapping the entry
+                # state's load, then warp i % MMA_WARPS tile i + FOLDED_PREFETCH at the start of tile i
                 if warp == 0:
-                    for t in cutlass.range_constexpr(PREFETCH):
+                    for t in cutlass.range_constexpr(FOLDED_PREFETCH):
                         if t < ntiles:
                             produce_tile(full, empty, buf_addr, Int32(t), *tile_source)
             wg = warp // 4
@@ -228,8 +188,8 @@ def _k2_regstate_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int
                     # the warps take turns, so each pays for one tile's copies in MMA_WARPS; the
                     # others of its warpgroup wait for it at the first wgmma
                     if warp == i % MMA_WARPS:
-                        if i + PREFETCH < ntiles:
-                            produce_tile(full, empty, buf_addr, i + PREFETCH, *tile_source)
+                        if i + FOLDED_PREFETCH < ntiles:
+                            produce_tile(full, empty, buf_addr, i + FOLDED_PREFETCH, *tile_source)
                 cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
                 sb = buf_addr + s * SB
                 start = tok0 + i * CHUNK
@@ -239,8 +199,8 @@ def _k2_regstate_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int
                 a_s, acc = wgmma_fence(a_s, [zero] * 16)
                 acc_u = acc[:8]
                 acc_o = acc[8:]
-                desc_kd = smem_desc(sb + OFF_KD, 256, 128)
-                desc_qd = smem_desc(sb + OFF_QD, 256, 128)
+                desc_kd = smem_desc(sb + K2_OFF_KD, 256, 128)
+                desc_qd = smem_desc(sb + K2_OFF_QD, 256, 128)
                 for kb in cutlass.range_constexpr(D // 16):
                     # + 512 bytes per k16 step: + 32 in the descriptor's address field
                     acc_u = wgmma_m64n16k16_rs(acc_u, a_s[4 * kb:4 * kb + 4], desc_kd + Int64(32 * kb), kb > 0)
@@ -253,18 +213,18 @@ def _k2_regstate_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int
                 # r0 + 8 (hh >> 1), token 8 j + 2q + (hh & 1)); bs[2 j + x] is bsig of token 8 j + 2q + x;
                 # gam[4 kb + 2 half + x] is gamma of key 16 kb + 8 half + 2q + x. v rows >= m read as 0
                 # (the stage holds only the m copied rows).
-                f_inv = ldsm_x4(sb + OFF_INV + off_sq)
-                f_mqk = ldsm_x4(sb + OFF_MQK + off_sq)
-                bs = [lds_bf16_f32(sb + OFF_BSIG + 2 * (8 * (x >> 1) + 2 * q + (x & 1))) for x in range(4)]
+                f_inv = ldsm_x4(sb + K2_OFF_INV + off_sq)
+                f_mqk = ldsm_x4(sb + K2_OFF_MQK + off_sq)
+                bs = [lds_bf16_f32(sb + K2_OFF_BSIG + 2 * (8 * (x >> 1) + 2 * q + (x & 1))) for x in range(4)]
                 vv = []
                 for c in cutlass.range_constexpr(8):
                     t = 8 * (c // 4) + 2 * q + (c & 1)
                     vcol = WG_COLS * wg + r0 + 8 * ((c % 4) >> 1)
-                    vv.append(lds_bf16_f32_if(sb + OFF_V + t * VSTR + vcol * 2, Int32(t < m)))
+                    vv.append(lds_bf16_f32_if(sb + K2_OFF_V + t * VSTR + vcol * 2, Int32(t < m)))
                 gam = []
                 for kb in cutlass.range_constexpr(D // 16):
                     for half in cutlass.range_constexpr(2):
-                        gam += list(lds_v2_f32(sb + OFF_GT + 4 * (16 * kb + 8 * half + 2 * q)))
+                        gam += list(lds_v2_f32(sb + K2_OFF_GT + 4 * (16 * kb + 8 * half + 2 * q)))
 
                 acc_u = wgmma_wait(1, [], acc_u)[1]  # u^T's group done (o1's may still run)
 
@@ -285,7 +245,7 @@ def _k2_regstate_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int
 
                 # -------- Q5: S = bf(fma(S, gamma, acc32(U^T Kr))), one m64n128k16
                 a_u, d5 = wgmma_fence(a_u, [zero] * 64)
-                d5 = wgmma_m64n128k16_rs_mn(d5, a_u, smem_desc(sb + OFF_KR, 128, 256))
+                d5 = wgmma_m64n128k16_rs_mn(d5, a_u, smem_desc(sb + K2_OFF_KR, 128, 256))
                 wgmma_commit()
                 words, floats = wgmma_wait(0, a_u + a_s, d5 + acc_o)  # Q5 and o1's chain done
                 a_u = words[:4]

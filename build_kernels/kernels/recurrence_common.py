@@ -41,6 +41,40 @@ def v_stride(vb: int) -> int:
     return 2 * vb + 16
 
 
+
+# K2's stage layout (bytes): qd | kd | kr | gt | inv | mqk | bsig (+96 pad) | v rows. The mma.sync K2
+# (k2_recurrence.py) and the register-state K2 (k2_regstate.py) copy the same tiles into the same
+# places; pre_scan has a layout of its own (cp_pre_scan.py).
+K2_OFF_QD, K2_OFF_KD, K2_OFF_KR = 0, TILE_BYTES, 2 * TILE_BYTES
+K2_OFF_GT = 3 * TILE_BYTES
+K2_OFF_INV = K2_OFF_GT + GT_BYTES
+K2_OFF_MQK = K2_OFF_INV + SQ_BYTES
+K2_OFF_BSIG = K2_OFF_MQK + SQ_BYTES
+K2_OFF_V = K2_OFF_BSIG + 128
+K2_FIXED_TX = 3 * TILE_BYTES + GT_BYTES + 2 * SQ_BYTES + BSIG_BYTES  # 13856 bytes + the v rows
+
+
+def k2_stage_bytes(vb: int) -> int:
+    return (K2_OFF_V + CHUNK * v_stride(vb) + 127) // 128 * 128
+
+
+def k2_tile_source(tok0, tok_end, h64, H64, cap, tile0, vblk, VB: int, v_ptr, qd_ptr, kd_ptr, kr_ptr, gt_ptr,
+                   inv_ptr, mqk_ptr, bsig_ptr):
+    """The arguments of produce_tile(s) after the ring and the tile index: where tile j of this
+    CTA's (sequence, head) comes from, and K2's stage layout."""
+    return (tok0, tok_end, h64 * Int64(cap) + Int64(tile0),
+            v_ptr + h64 * HEAD_ROW_BYTES + Int64(vblk * (VB * 2)), H64 * HEAD_ROW_BYTES,
+            ((K2_OFF_QD, qd_ptr), (K2_OFF_KD, kd_ptr), (K2_OFF_KR, kr_ptr)),
+            ((K2_OFF_GT, gt_ptr, GT_BYTES), (K2_OFF_INV, inv_ptr, SQ_BYTES), (K2_OFF_MQK, mqk_ptr, SQ_BYTES),
+             (K2_OFF_BSIG, bsig_ptr, BSIG_BYTES)),
+            k2_stage_bytes(VB), K2_OFF_V, v_stride(VB), K2_FIXED_TX, VB * 2)
+
+
+# Tiles in flight ahead of the one being computed when the MMA warps produce (a folded kernel): tile
+# i + FOLDED_PREFETCH goes into the stage tile i - 1 used, which every warp has released by the time
+# any warp starts tile i.
+FOLDED_PREFETCH = STAGES - 1
+
 def alloc_ring(smem, stage_size: int):
     """The stage ring of K2 and pre_scan in shared memory, allocated first: 2 * STAGES mbarriers
     (full[s], then empty[s]) and STAGES stages of stage_size bytes (each kernel has its own stage

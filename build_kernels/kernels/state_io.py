@@ -1,5 +1,6 @@
-"""State I/O by slot and checkpoint positions, shared by K2 (k2_recurrence.py), the CP merge
-(cp_merge.py) and the checkpoint index table (checkpoint_index.py); docs/state_pool.md.
+"""State I/O by slot and checkpoint positions, shared by both K2 kernels (k2_recurrence.py,
+k2_regstate.py), the CP merge (cp_merge.py) and the checkpoint index table (checkpoint_index.py);
+docs/state_pool.md.
 
 A state pool is [n_pool, H, 128, 128] with any slot stride: sequence n uses slot state_index[n]
 (or n when no index table is given). A slot outside [0, n_pool) means "no state": the entry state
@@ -35,6 +36,35 @@ def pool_slot(seq: Int32, idx_ptr: Int64, n_pool: Int32, state_ptr: Int64):
             if slot < 0:
                 slot = Int32(-1)
     return slot
+
+
+@cute.jit
+def k2_state_slots(n: Int32, ntiles: Int32, mSlot: cute.Tensor, idx_ptr: Int64, n_pool: Int32, init_ptr: Int64,
+                   final_ptr: Int64, has_final: cutlass.Constexpr[bool], final_slots: cutlass.Constexpr[bool],
+                   ext: cutlass.Constexpr[bool]):
+    """(busy, slot, in_slot) of a K2 CTA on sequence (or CP segment) n of ntiles tiles: the final
+    state's slot (< 0: none), the entry state's slot, and busy > 0 when the CTA has anything to do.
+
+    A CTA with no tile and no final state to write has nothing to do. It must not even read its
+    entry state: the CP runtime leaves the carries of its padding segments (empty, final_slot -1)
+    uninitialised. busy is uniform over the CTA, so the ring's barriers (set up under it) are used
+    by all of its threads or by none. final_slots (CP): n is a segment; only a sequence's last
+    segment has a slot (the sequence index, -1 otherwise) and writes final_state[slot] directly.
+    ext (docs/state_pool.md): the state row of sequence `slot` is state_index[slot] (or `slot`
+    without an index), -1 when there is none or no final pointer."""
+    busy = ntiles
+    slot = n
+    if cutlass.const_expr(has_final):
+        if cutlass.const_expr(final_slots):
+            slot = mSlot[n]
+        if cutlass.const_expr(ext):
+            slot = pool_slot(slot, idx_ptr, n_pool, final_ptr)
+        if slot >= 0:
+            busy = Int32(1)
+    in_slot = n
+    if cutlass.const_expr(ext and not final_slots):
+        in_slot = pool_slot(n, idx_ptr, n_pool, init_ptr)
+    return busy, slot, in_slot
 
 
 @cute.jit
