@@ -1,9 +1,10 @@
-"""What K2 (k2_recurrence.py) and CP pre_scan (cp_pre_scan.py) share: the stage ring, its producer
-warp, and the Q2/Q3 and Q5 fragment steps.
+"""What the two K2 kernels (k2_recurrence.py, k2_regstate.py) and CP pre_scan (cp_pre_scan.py)
+share: the stage ring, its producer warp, K2's stage layout (both K2s copy the same tiles into the
+same places) and the Q2/Q3 and Q5 fragment steps.
 
 It is a module of its own so that no kernel module imports another: pre_scan's S-chain must be
-bit-identical to K2 (docs/algorithm.md §4.6 item 2), which holds because both trace these very functions, and
-each kernel keeps only its own stage layout (offsets, fixed transaction bytes) and kernel body.
+bit-identical to K2 (docs/algorithm.md §4.6 item 2), which holds because both trace these very functions;
+pre_scan keeps its own stage layout (offsets, fixed transaction bytes), and each kernel its body.
 """
 
 import cutlass
