@@ -7,13 +7,13 @@ the case that produced them. Problems are small: racecheck and initcheck slow ke
 orders of magnitude.
 """
 
-import os
 import sys
 
 import torch
 
 import kda_aot
-from kda_aot import api, reference
+from kda_aot import reference
+from kda_aot.bench import forced_k2_kernel
 
 
 def run(lens, H, state, cp="off", dense=None, **kw):
@@ -42,13 +42,8 @@ def with_k2_kernel(kind, case):
     register-state K2 at VB=64 and, on few pairs, at VB=128 (planner.k2_kernel), so the mma.sync K2
     at those blocks and the folded kernel at VB=64 run only when forced."""
     def forced():
-        os.environ["KDA_K2_KERNEL"] = kind
-        api._PLANS.clear()  # the variable is read when a call is planned
-        try:
+        with forced_k2_kernel(kind):
             case()
-        finally:
-            del os.environ["KDA_K2_KERNEL"]
-            api._PLANS.clear()
     return forced
 
 

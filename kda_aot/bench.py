@@ -185,16 +185,20 @@ def graph_runner(x, cu):
 
 @contextlib.contextmanager
 def forced_k2_kernel(kind: str):
-    """KDA_K2_KERNEL=kind (launcher.k2_kernel_name) for the calls planned inside; plans are cached
-    per problem, so the cache is emptied on entry and exit."""
+    """KDA_K2_KERNEL=kind (launcher.k2_kernel_name) for the calls planned inside, the caller's value
+    (or none) again after; plans are cached per problem, so the cache is emptied on entry and exit."""
     from kda_aot import api
 
+    before = os.environ.get("KDA_K2_KERNEL")
     os.environ["KDA_K2_KERNEL"] = kind
     api._PLANS.clear()
     try:
         yield
     finally:
-        del os.environ["KDA_K2_KERNEL"]
+        if before is None:
+            del os.environ["KDA_K2_KERNEL"]
+        else:
+            os.environ["KDA_K2_KERNEL"] = before
         api._PLANS.clear()
 
 

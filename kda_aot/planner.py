@@ -60,8 +60,9 @@ def value_split(n_seq: int, n_heads: int, sm_count: int, splits: Tuple[int, ...]
 # only); "folded" is regstate without the producer warp (VB=64 and 128). k2_regstate.py has both.
 K2_KERNELS = ("k2", "regstate", "folded")
 # On the H200 (docs/k2_regstate.md) regstate beat k2 at VB=64 on all 13 measured shapes, and
-# folded beat k2 at VB=128 up to 384 (sequence, head) pairs on 132 SMs (2.9 per SM), then lost by
-# 1-4% from 512 pairs (3.9 per SM) up, where the SMs are full and k2's two CTAs per SM hide latency.
+# folded beat k2 at VB=128 up to 384 (sequence, head) pairs on 132 SMs (2.9 per SM; by 10% on
+# uneven lengths, while 384 equal ones lost 1.6%), then lost by 1-6% from 448 pairs (3.4 per SM) up,
+# where the SMs are full and k2's two CTAs per SM hide latency.
 FOLDED_MAX_PAIRS_PER_SM = 3
 
 
