@@ -67,15 +67,16 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64, Float32
 
-from .ptx_ops import (add_rn, ldg_b32, ldg_bf16_pair, ldg_f32, ldg_f32_pair_bf16, lds_b32, lds_bf16_f32, lds_f32,
+from .ptx_ops import (add_rn, ldg_bf16_pair, ldg_f32, ldg_f32_pair_bf16, lds_b32, lds_bf16_f32, lds_f32,
                       ldsm_x4, ldsm_x4_t, mma_bf16_16816, pack_bf16x2, round_bf16x2, select_b32, stg_b32_if, stg_bf16_pair,
                       stg_f32, stg_f32_pair_from_bf16, sts_b32, unpack_bf16x2)
 from .recurrence_common import (FOLDED_PREFETCH, HEAD_ROW_BYTES, K2_OFF_BSIG, K2_OFF_GT, K2_OFF_INV, K2_OFF_KD,
                                 K2_OFF_KR, K2_OFF_MQK, K2_OFF_QD, K2_OFF_V, STAGES, alloc_ring, init_ring,
-                                k2_stage_bytes, k2_tile_source, mma_split, mma_warps, produce_tile, produce_tiles,
-                                solve_u_fragment, solve_u_fragment_accurate, state_f32_step, state_words_step, v_stride)
+                                k2_cta_sequence, k2_stage_bytes, k2_tile_source, mma_split, mma_warps,
+                                produce_first_tiles, produce_in_turn, produce_tiles, solve_u_fragment,
+                                solve_u_fragment_accurate, state_f32_step, state_words_step, v_stride)
 from .state_io import checkpoint_due, k2_state_slots, sequence_start_of
-from .tile_ops import CHUNK, D, await_previous_grid
+from .tile_ops import CHUNK, D
 
 
 def folded_producer(vb: int, accurate: bool, segmented: bool) -> bool:
@@ -259,16 +260,7 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
     SB = k2_stage_bytes(VB)
     HOIST, P1, P5 = k2_schedule(VB, accurate, final_slots)
 
-    # One CTA per (sequence, head) pair on grid x, sequence-major, the value block on z: the GPU
-    # starts CTAs about in block order, so all heads of a sequence start together and, through
-    # seq_order (the tables kernel's longest-first order; 0: identity, for segments and dense
-    # inputs), the longest sequences start first (docs/dispatch_order.md).
-    pair, _, vblk = cute.arch.block_idx()
-    h = pair % n_heads
-    n = pair // n_heads
-    await_previous_grid()
-    if order_ptr != Int64(0):
-        n = ldg_b32(order_ptr + Int64(n) * 4)
+    n, h, vblk = k2_cta_sequence(n_heads, order_ptr)  # grid and dispatch order (docs/dispatch_order.md)
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
     lane = cute.arch.lane_idx()
 
@@ -291,20 +283,17 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
         if warp == LOAD_WARP:
             # ---------------------------------------------------------------- producer
             if cutlass.const_expr(not FOLDED):
-                produce_tiles(full, empty, buf_addr, ntiles, *k2_tile_source(tok0, tok_end, h64, H64, cap, tile0, vblk, VB,
-                                                                           v_ptr, qd_ptr, kd_ptr, kr_ptr, gt_ptr,
-                                                                           inv_ptr, mqk_ptr, bsig_ptr))
+                produce_tiles(full, empty, buf_addr, ntiles, *k2_tile_source(tok0, tok_end, h64, H64, cap, tile0, vblk,
+                                                                             VB, v_ptr, qd_ptr, kd_ptr, kr_ptr, gt_ptr,
+                                                                             inv_ptr, mqk_ptr, bsig_ptr))
         else:
             # ---------------------------------------------------------------- MMA warps
             if cutlass.const_expr(FOLDED):
                 # the MMA warps produce: warp 0 the first FOLDED_PREFETCH tiles now, overlapping the entry
                 # state's load, then warp i % MMA_WARPS tile i + FOLDED_PREFETCH at the start of tile i
                 tile_source = k2_tile_source(tok0, tok_end, h64, H64, cap, tile0, vblk, VB, v_ptr, qd_ptr, kd_ptr,
-                                           kr_ptr, gt_ptr, inv_ptr, mqk_ptr, bsig_ptr)
-                if warp == 0:
-                    for t in cutlass.range_constexpr(FOLDED_PREFETCH):
-                        if t < ntiles:
-                            produce_tile(full, empty, buf_addr, Int32(t), *tile_source)
+                                             kr_ptr, gt_ptr, inv_ptr, mqk_ptr, bsig_ptr)
+                produce_first_tiles(warp, ntiles, full, empty, buf_addr, tile_source)
             w = warp
             g = lane >> 2  # C-fragment row (and row + 8)
             q = lane & 3  # C-fragment column pair
@@ -356,10 +345,7 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
             for i in cutlass.range(ntiles, unroll=1):
                 s = i % STAGES
                 if cutlass.const_expr(FOLDED):
-                    # the warps take turns, so each pays for one tile's copies in MMA_WARPS
-                    if warp == i % MMA_WARPS:
-                        if i + FOLDED_PREFETCH < ntiles:
-                            produce_tile(full, empty, buf_addr, i + FOLDED_PREFETCH, *tile_source)
+                    produce_in_turn(warp, i, ntiles, MMA_WARPS, full, empty, buf_addr, tile_source)
                 cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
                 sb = buf_addr + s * SB
                 start = tok0 + i * CHUNK

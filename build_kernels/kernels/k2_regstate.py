@@ -41,15 +41,16 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64, Float32
 
-from .ptx_ops import (add_rn, fma_rn, ldg_b32, ldg_b32_if, ldg_f32_pair_bf16_if, lds_bf16_f32, lds_bf16_f32_if,
+from .ptx_ops import (add_rn, fma_rn, ldg_b32_if, ldg_f32_pair_bf16_if, lds_bf16_f32, lds_bf16_f32_if,
                       lds_v2_f32, ldsm_x4, mma_bf16_16816, movmatrix_t, mul_rn, pack_bf16x2, round_bf16x2, smem_desc,
                       stg_b32, stg_b32_if, stg_v2_f32, sub_rn, unpack_bf16x2, wgmma_commit, wgmma_fence,
                       wgmma_m64n16k16_rs, wgmma_m64n128k16_rs_mn, wgmma_wait)
 from .recurrence_common import (FOLDED_PREFETCH, HEAD_ROW_BYTES, K2_OFF_BSIG, K2_OFF_GT, K2_OFF_INV, K2_OFF_KD,
                                 K2_OFF_KR, K2_OFF_MQK, K2_OFF_QD, K2_OFF_V, STAGES, alloc_ring, init_ring,
-                                k2_stage_bytes, k2_tile_source, produce_tile, produce_tiles, v_stride)
+                                k2_cta_sequence, k2_stage_bytes, k2_tile_source, produce_first_tiles, produce_in_turn,
+                                produce_tiles, v_stride)
 from .state_io import checkpoint_due, k2_state_slots, sequence_start_of
-from .tile_ops import CHUNK, D, await_previous_grid
+from .tile_ops import CHUNK, D
 
 # The stage is K2's (recurrence_common, K2_OFF_*), K1's images as they are. Kd and Qd are K-major
 # wgmma B operands (k16 step kb at + 512 kb; 256 bytes between the two 8-key halves, 128 between
@@ -117,13 +118,7 @@ def _k2_regstate_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int
     VSTR = v_stride(VB)
     SB = k2_stage_bytes(VB)
 
-    # (sequence, head) on grid x in K2's dispatch order (docs/dispatch_order.md), value block on z
-    pair, _, vblk = cute.arch.block_idx()
-    h = pair % n_heads
-    n = pair // n_heads
-    await_previous_grid()
-    if order_ptr != Int64(0):
-        n = ldg_b32(order_ptr + Int64(n) * 4)
+    n, h, vblk = k2_cta_sequence(n_heads, order_ptr)  # K2's grid and dispatch order
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
     lane = cute.arch.lane_idx()
 
@@ -142,7 +137,7 @@ def _k2_regstate_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int
         H64 = Int64(n_heads)
 
         tile_source = k2_tile_source(tok0, tok_end, h64, H64, cap, tile0, vblk, VB, v_ptr, qd_ptr, kd_ptr, kr_ptr,
-                                   gt_ptr, inv_ptr, mqk_ptr, bsig_ptr)
+                                     gt_ptr, inv_ptr, mqk_ptr, bsig_ptr)
         if warp == MMA_WARPS:
             # ---------------------------------------------------------------- producer (K2's)
             if cutlass.const_expr(not folded):
@@ -152,10 +147,7 @@ def _k2_regstate_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int
             if cutlass.const_expr(folded):
                 # the MMA warps produce: warp 0 the first FOLDED_PREFETCH tiles now, overlapping the entry
                 # state's load, then warp i % MMA_WARPS tile i + FOLDED_PREFETCH at the start of tile i
-                if warp == 0:
-                    for t in cutlass.range_constexpr(FOLDED_PREFETCH):
-                        if t < ntiles:
-                            produce_tile(full, empty, buf_addr, Int32(t), *tile_source)
+                produce_first_tiles(warp, ntiles, full, empty, buf_addr, tile_source)
             wg = warp // 4
             wl = warp % 4
             g = lane >> 2
@@ -185,11 +177,8 @@ def _k2_regstate_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int
             for i in cutlass.range(ntiles, unroll=1):
                 s = i % STAGES
                 if cutlass.const_expr(folded):
-                    # the warps take turns, so each pays for one tile's copies in MMA_WARPS; the
-                    # others of its warpgroup wait for it at the first wgmma
-                    if warp == i % MMA_WARPS:
-                        if i + FOLDED_PREFETCH < ntiles:
-                            produce_tile(full, empty, buf_addr, i + FOLDED_PREFETCH, *tile_source)
+                    # the others of the producing warp's warpgroup wait for it at the first wgmma
+                    produce_in_turn(warp, i, ntiles, MMA_WARPS, full, empty, buf_addr, tile_source)
                 cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
                 sb = buf_addr + s * SB
                 start = tok0 + i * CHUNK

@@ -11,10 +11,10 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
-from .ptx_ops import (bulk_g2s, fma_rn, mma_bf16_16816, movmatrix_t, mul_rn, pack_bf16x2, round_bf16x2, sub_rn,
+from .ptx_ops import (bulk_g2s, fma_rn, ldg_b32, mma_bf16_16816, movmatrix_t, mul_rn, pack_bf16x2, round_bf16x2, sub_rn,
                       unpack_bf16x2)
 from ..runtime_files import ABI_CONSTANTS
-from .tile_ops import CHUNK, D
+from .tile_ops import CHUNK, D, await_previous_grid
 
 STAGES = 3
 # Value columns per MMA warp, per value_block. Measured on an H200 (H=64, T=8192, us per 16-token tile):
@@ -40,7 +40,6 @@ HEAD_ROW_BYTES = D * 2  # one token row of one head in v / out
 def v_stride(vb: int) -> int:
     """Bytes per v row in a stage: VB bf16 values padded by 16 B (conflict-free 32-bit reads)."""
     return 2 * vb + 16
-
 
 
 # K2's stage layout (bytes): qd | kd | kr | gt | inv | mqk | bsig (+96 pad) | v rows. The mma.sync K2
@@ -71,10 +70,27 @@ def k2_tile_source(tok0, tok_end, h64, H64, cap, tile0, vblk, VB: int, v_ptr, qd
             k2_stage_bytes(VB), K2_OFF_V, v_stride(VB), K2_FIXED_TX, VB * 2)
 
 
+@cute.jit
+def k2_cta_sequence(n_heads: Int32, order_ptr: Int64):
+    """(n, h, vblk) of a K2 CTA: one CTA per (sequence, head) pair on grid x, sequence-major, the
+    value block on z. The GPU starts CTAs about in block order, so all heads of a sequence start
+    together and, through seq_order (the tables kernel's longest-first order; null: identity, for
+    segments and dense inputs), the longest sequences first (docs/dispatch_order.md). seq_order is
+    read after the wait for the kernel that wrote it."""
+    pair, _, vblk = cute.arch.block_idx()
+    h = pair % n_heads
+    n = pair // n_heads
+    await_previous_grid()
+    if order_ptr != Int64(0):
+        n = ldg_b32(order_ptr + Int64(n) * 4)
+    return n, h, vblk
+
+
 # Tiles in flight ahead of the one being computed when the MMA warps produce (a folded kernel): tile
 # i + FOLDED_PREFETCH goes into the stage tile i - 1 used, which every warp has released by the time
 # any warp starts tile i.
 FOLDED_PREFETCH = STAGES - 1
+
 
 def alloc_ring(smem, stage_size: int):
     """The stage ring of K2 and pre_scan in shared memory, allocated first: 2 * STAGES mbarriers
@@ -140,6 +156,27 @@ def produce_tiles(full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, ntil
     for i in cutlass.range(ntiles, unroll=1):
         produce_tile(full, empty, buf_addr, i, tok0, tok_end, slot0, v_row0, row_step, images, smalls, stage, off_v,
                      vstr, fixed_tx, v_bytes)
+
+
+@cute.jit
+def produce_first_tiles(warp: Int32, ntiles: Int32, full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32,
+                        tile_source: tuple):
+    """A folded kernel's first FOLDED_PREFETCH tiles, issued by MMA warp 0 before its entry state
+    loads (tile_source: k2_tile_source's tuple)."""
+    if warp == 0:
+        for t in cutlass.range_constexpr(FOLDED_PREFETCH):
+            if t < ntiles:
+                produce_tile(full, empty, buf_addr, Int32(t), *tile_source)
+
+
+@cute.jit
+def produce_in_turn(warp: Int32, i: Int32, ntiles: Int32, n_warps: cutlass.Constexpr[int], full: cute.Pointer,
+                    empty: cute.Pointer, buf_addr: Int32, tile_source: tuple):
+    """A folded kernel at the start of tile i: MMA warp i % n_warps issues tile i + FOLDED_PREFETCH
+    into the stage tile i - 1 used, so each warp pays for one tile's copies in n_warps."""
+    if warp == i % n_warps:
+        if i + FOLDED_PREFETCH < ntiles:
+            produce_tile(full, empty, buf_addr, i + FOLDED_PREFETCH, *tile_source)
 
 
 def _v_values(v_words, zero):
