@@ -38,9 +38,8 @@ def run_pool(lens, H, dtype, cp="off", **kw):
 
 
 def with_k2_kernel(kind, case):
-    """Runs case with KDA_K2_KERNEL=kind (k2 | regstate | folded): the planner picks the
-    register-state K2 at VB=64 and, on few pairs, at VB=128 (planner.k2_kernel), so the mma.sync K2
-    at those blocks and the folded kernel at VB=64 run only when forced."""
+    """Runs case with KDA_K2_KERNEL=kind (k2 | regstate): the planner picks the register-state K2 at
+    VB=64 and 128 (planner.k2_kernel), so the mma.sync K2 at those blocks runs only when forced."""
     def forced():
         with forced_k2_kernel(kind):
             case()
@@ -65,15 +64,15 @@ CASES = {
     "pool-cp-vb64": lambda: run_pool([1200, 300], 2, torch.float32, cp=4, value_split=2),
     "checkpoints-cp-vb128": lambda: run([1200, 300], 2, "bf16", cp=4, checkpoint_every=32, value_split=1),
     # the mma.sync K2 at VB=64 and 128 (their own launch hints and operand schedules,
-    # docs/k2_schedule.md), and the folded register-state K2 at VB=64
+    # docs/k2_schedule.md)
     "mma-serial-vb32": lambda: run([300, 17], 2, "bf16", value_split=4),
     "mma-serial-vb128": with_k2_kernel("k2", lambda: run([300, 17], 2, "bf16", value_split=1)),
     "mma-serial-vb64": with_k2_kernel("k2", lambda: run([300, 17], 2, "fp32", value_split=2)),
     "mma-cp-vb128": with_k2_kernel("k2", lambda: run([1200, 300], 2, "fp32", cp=4, value_split=1)),
     "mma-cp-vb64": with_k2_kernel("k2", lambda: run([1200], 2, "bf16", cp=4, value_split=2)),
     "mma-pool-serial-vb64": with_k2_kernel("k2", lambda: run_pool([300, 17, 64], 2, torch.bfloat16, value_split=2)),
-    "folded-serial-vb64": with_k2_kernel("folded", lambda: run([300, 17], 2, "fp32", value_split=2)),
-    "folded-cp-vb64": with_k2_kernel("folded", lambda: run([1200], 2, "bf16", cp=4, value_split=2)),
+    # the register-state K2's producer warpgroup at VB=128 (setmaxnreg), with both state dtypes
+    "pool-serial-vb128": lambda: run_pool([300, 17, 64], 2, torch.float32, value_split=1),
     "cp-on": lambda: run([1200], 2, "fp32", cp="on"),
     "cp-2": lambda: run([1200], 2, "bf16", cp=2),
     "cp-4": lambda: run([1200, 300], 2, None, cp=4),

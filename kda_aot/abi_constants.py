@@ -38,11 +38,11 @@ SLOT = dict(SLOT_BYTES)
 STATE_BYTES = D * D * 4  # one fp32 [V, K] state: the CP scratch per (segment, head)
 
 
-def regstate_name(k2_name: str, folded: bool) -> str:
+def regstate_name(k2_name: str) -> str:
     """The kernel name of the register-state twin of a K2 variant (same arguments, same bits):
-    k2_X -> k2_regstate_X, or k2_regstate_f_X without the producer warp. The registry names the
-    twins with it and the launcher looks them up with it."""
-    return k2_name.replace("k2_", "k2_regstate_" + ("f_" if folded else ""), 1)
+    k2_X -> k2_regstate_X. The registry names the twins with it and the launcher looks them up
+    with it."""
+    return k2_name.replace("k2_", "k2_regstate_", 1)
 
 
 def manifest_constants() -> Dict[str, Any]:

@@ -2,7 +2,7 @@
 FlashKDA (`flash_kda`, built from its public source; its output is checked bit for bit against ours).
 
     python -m kda_aot.bench [--suite serial|cp|large|all] [--iters 100] [--warmup 20] [--md FILE] [--accurate]
-                            [--value-split S ...] [--k2-kernel k2|regstate|folded ...]
+                            [--value-split S ...] [--k2-kernel k2|regstate ...]
 
 Method (docs/benchmarks.md; inputs of docs/algorithm.md §5.2): random inputs (q, k, v, g, beta ~ N(0,1) bf16, A_log and
 dt_bias ~ U(0,1), lower_bound -5), bf16 initial and final state, median of `iters` CUDA-event
@@ -19,6 +19,8 @@ import os
 import statistics
 import sys
 from typing import Callable, List, Sequence
+
+from . import planner
 
 SERIAL_SUITE = [(H, lens) for H in (64, 96) for lens in ([8192], [1300, 547, 2048, 963, 271, 3063], [1024] * 8)]
 CP_SUITE = [(H, lens) for H in (4, 8) for lens in ([8192], [8192, 2048], [16384])]
@@ -233,7 +235,7 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--value-split", type=int, nargs="*", default=None,
                         help="also time these forced K2 value splits (1, 2, 4)")
-    parser.add_argument("--k2-kernel", nargs="*", default=None, choices=("k2", "regstate", "folded"),
+    parser.add_argument("--k2-kernel", nargs="*", default=None, choices=planner.K2_KERNELS,
                         help="also time the kernels mode with each of these K2 implementations forced "
                              "(KDA_K2_KERNEL; the planner's pick is in the other columns)")
     parser.add_argument("--accurate", action="store_true",

@@ -148,19 +148,19 @@ def _ext_dtype(problem: Problem) -> str:
     return "f32" if (problem.state_dtype or "float32") == "float32" else "bf16"
 
 
-def k2_kernel_name(lib: KernelLibrary, k2_name: str, value_block: int, n_pairs: int, sm_count: int) -> str:
-    """The kernel that runs the K2 variant `k2_name` (a mma.sync K2 at `value_block`, over `n_pairs`
-    (sequence or segment, head) pairs): its register-state twin
+def k2_kernel_name(lib: KernelLibrary, k2_name: str, value_block: int) -> str:
+    """The kernel that runs the K2 variant `k2_name` (a mma.sync K2 at `value_block`): its
+    register-state twin
     (abi_constants.regstate_name: same arguments, same bits) where planner.k2_kernel picks
-    one and the library has it, else k2_name. KDA_K2_KERNEL=k2|regstate|folded forces one, for
+    one and the library has it, else k2_name. KDA_K2_KERNEL=k2|regstate forces one, for
     measurement; it is read when a call is planned."""
     forced = os.environ.get("KDA_K2_KERNEL")
     if forced and forced not in planner.K2_KERNELS:
         raise ValueError(f"KDA_K2_KERNEL: expected one of {planner.K2_KERNELS} or unset, got {forced!r}")
-    kind = forced or planner.k2_kernel(value_block, n_pairs, sm_count)
+    kind = forced or planner.k2_kernel(value_block)
     if kind == "k2":
         return k2_name
-    twin = regstate_name(k2_name, folded=kind == "folded")
+    twin = regstate_name(k2_name)
     return twin if twin in lib.kernels else k2_name
 
 
@@ -186,9 +186,9 @@ def serial_launch(lib: KernelLibrary, problem: Problem, sm_count: int, value_spl
     _checkpoint_index(prog, problem, ws(off["seq_start"]))
     if cap > 0:
         _k1(prog, problem, off, problem.N, cap)
-    vb, pairs = plan.k2_constants["value_block"], problem.N * problem.H
+    vb = plan.k2_constants["value_block"]
     if uses_k2_ext(problem):
-        prog.add(k2_kernel_name(lib, f"k2_ext_{_ext_dtype(problem)}_vb{vb}", vb, pairs, sm_count), dict(
+        prog.add(k2_kernel_name(lib, f"k2_ext_{_ext_dtype(problem)}_vb{vb}", vb), dict(
             v=Ref("v"), out=Ref("out"), **_workspace_args(off), seq_start=ws(off["seq_start"]),
             tile_prefix=ws(off["tile_prefix"]), seq_order=_seq_order(problem, off), final_slot=NULL,
             real_seq_start=ws(off["seq_start"]),
@@ -196,7 +196,7 @@ def serial_launch(lib: KernelLibrary, problem: Problem, sm_count: int, value_spl
             cap=cap, stream=STREAM))
         return Launch(prog.finish(), layout.nbytes, "serial")
     k2 = planner.select_variant(lib.kernels.values(), "k2_recurrence", plan.k2_constants)
-    prog.add(k2_kernel_name(lib, k2.name, vb, pairs, sm_count), dict(
+    prog.add(k2_kernel_name(lib, k2.name, vb), dict(
         v=Ref("v"), out=Ref("out"), **_workspace_args(off), seq_start=ws(off["seq_start"]),
         tile_prefix=ws(off["tile_prefix"]), seq_order=_seq_order(problem, off),
         initial_state=Ref("initial_state") if problem.has_initial else NULL,
@@ -265,18 +265,18 @@ def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count:
     common = dict(v=Ref("v"), out=Ref("out"), **_workspace_args(off), **seg_tables)
     if uses_k2_ext(problem):
         real = off["real_seq_start"] if problem.checkpoint_every else off["seq_start"]
-        prog.add(k2_kernel_name(lib, f"k2_ext_segments_{_ext_dtype(problem)}_vb{vb}", vb, S * H, sm_count), dict(
+        prog.add(k2_kernel_name(lib, f"k2_ext_segments_{_ext_dtype(problem)}_vb{vb}", vb), dict(
             common, seq_order=NULL, final_slot=ws(off["final_slot"]), real_seq_start=ws(real),
             **_k2_ext_args(problem, ws(off["carries"])), **sizes))
     elif not problem.has_final:
         k2 = planner.select_variant(lib.kernels.values(), "k2_recurrence",
                                     {"has_initial": True, "has_final": False, "state_fp32": True, "value_block": vb,
                                      "accurate": accurate, "ablation": 0})
-        prog.add(k2_kernel_name(lib, k2.name, vb, S * H, sm_count), dict(
+        prog.add(k2_kernel_name(lib, k2.name, vb), dict(
             common, seq_order=NULL, initial_state=ws(off["carries"]), final_state=NULL, **sizes))
     else:
         dtype = "f32" if problem.state_dtype == "float32" else "bf16"
-        prog.add(k2_kernel_name(lib, f"k2_segments_{dtype}_vb{vb}{acc}", vb, S * H, sm_count), dict(
+        prog.add(k2_kernel_name(lib, f"k2_segments_{dtype}_vb{vb}{acc}", vb), dict(
             v=Ref("v"), out=Ref("out"), **_workspace_args(off), seg_start=ws(off["seq_start"]),
             seg_prefix=ws(off["tile_prefix"]), carries=ws(off["carries"]), final_state=Ref("final_state"),
             final_slot=ws(off["final_slot"]), t_total=t_total, n_seg=S, n_heads=H, cap=cap, stream=STREAM))

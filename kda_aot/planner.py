@@ -56,25 +56,19 @@ def value_split(n_seq: int, n_heads: int, sm_count: int, splits: Tuple[int, ...]
 
 # K2 kernels, one name per implementation of the same recurrence and rounding (bit for bit equal):
 # "k2" keeps the state in shared memory and multiplies with mma.sync (k2_recurrence.py);
-# "regstate" keeps it in registers, multiplies with warpgroup MMAs and has a producer warp (VB=64
-# only); "folded" is regstate without the producer warp (VB=64 and 128). k2_regstate.py has both.
-K2_KERNELS = ("k2", "regstate", "folded")
-# On the H200 (docs/k2_regstate.md) regstate beat k2 at VB=64 on all 13 measured shapes, and
-# folded beat k2 at VB=128 up to 384 (sequence, head) pairs on 132 SMs (2.9 per SM; by 10% on
-# uneven lengths, while 384 equal ones lost 1.6%), then lost by 1-6% from 448 pairs (3.4 per SM) up,
-# where the SMs are full and k2's two CTAs per SM hide latency.
-FOLDED_MAX_PAIRS_PER_SM = 3
+# "regstate" keeps it in registers and multiplies with warpgroup MMAs (k2_regstate.py; VB=64 and
+# 128, FlashKDA's recipe).
+K2_KERNELS = ("k2", "regstate")
+# On the H200 (docs/k2_regstate.md) regstate beat k2 on every shape measured at VB=64 and, with its
+# producer warpgroup, at VB=128 (15 serial shapes from 4 to 512 (sequence, head) pairs, the CP rows).
+REGSTATE_VALUE_BLOCKS = (64, 128)
 
 
-def k2_kernel(value_block: int, n_pairs: int, sm_count: int) -> str:
-    """Which K2 implementation runs `n_pairs` (sequence or segment, head) pairs at `value_block`:
-    the register-state kernel where it was measured faster, k2 elsewhere (one of K2_KERNELS; the
-    launcher falls back to k2 where the library has no register-state twin: VB=32, accurate)."""
-    if value_block == 64:
-        return "regstate"
-    if value_block == 128 and n_pairs <= FOLDED_MAX_PAIRS_PER_SM * sm_count:
-        return "folded"
-    return "k2"
+def k2_kernel(value_block: int) -> str:
+    """Which K2 implementation runs at `value_block`: the register-state kernel where it exists,
+    k2 elsewhere (one of K2_KERNELS; the launcher falls back to k2 where the library has no
+    register-state twin: VB=32, numerics="accurate")."""
+    return "regstate" if value_block in REGSTATE_VALUE_BLOCKS else "k2"
 
 
 @dataclasses.dataclass(frozen=True)

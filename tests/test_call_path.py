@@ -175,7 +175,7 @@ def test_gate_constant_is_formed_in_double_and_rounded_once():
 def test_cp_auto_cuts_on_the_device(rec, hint):
     """H=8 [8192, 2048]: the device builds the segment tables, with the host plan's cut when a
     hint is given and device_plan's otherwise (12 + 3 segments of at most 43 tiles either way);
-    120 (segment, head) pairs at VB=128 run the folded register-state K2 (planner.k2_kernel)."""
+    120 (segment, head) pairs at VB=128 run the register-state K2 (planner.k2_kernel)."""
     from kda_aot import cp_plan
 
     lens = [8192, 2048]
@@ -184,7 +184,7 @@ def test_cp_auto_cuts_on_the_device(rec, hint):
     call(x, workspace=_ws(x, **kw), **kw)
     names = _names(rec.last)
     assert names == ["cp_seg_tables_int32", "k1_prepare", "cp_pre_scan_vb128", "cp_merge_f32",
-                     "k2_regstate_f_segments_f32_vb128"], names
+                     "k2_regstate_segments_f32_vb128"], names
     tables = rec.last[0].args
     if hint:
         plan = cp_plan.plan_prefill(lens, 8, sm_count=132)

@@ -5,6 +5,7 @@ Registers are allocated per SM sub-partition: four of 16384, a CTA's warps dealt
 them (docs/k2_producer.md). A kernel whose state lives in registers must not spill it.
 """
 
+import re
 import sys
 from pathlib import Path
 
@@ -19,29 +20,34 @@ from build_kernels.registry import all_variants  # noqa: E402
 REGSTATE = [v for v in all_variants() if v.entry.startswith("k2_regstate")]
 
 
-def _ctas_per_sm(variant) -> int:
-    c = dict(variant.constants)
-    return 2 if c["folded"] and c["value_block"] == 64 else 1
-
-
 def test_every_state_io_is_built():
-    # twins of the 7 serial, 2 segmented and 4 state-pool K2 variants at (VB=64), (VB=64 folded), (VB=128 folded)
-    assert len(REGSTATE) == 3 * (7 + 2 + 4)
+    # twins of the 7 serial, 2 segmented and 4 state-pool K2 variants at VB=64 and 128
+    assert len(REGSTATE) == 2 * (7 + 2 + 4)
 
 
 @pytest.mark.parametrize("variant", REGSTATE, ids=lambda v: v.name)
 def test_regstate_fits_without_a_spill(tmp_path, variant):
+    """One CTA per SM: its warps dealt over the four sub-partitions must fit their 16384 registers at
+    the launch count, and, with the producer warpgroup (VB=128), at the counts setmaxnreg trades to:
+    per sub-partition one producer warp at PRODUCER_REGS and the rest MMA warps at MMA_REGS."""
     from build_kernels.cubin_info import kernel_resources
-    from build_kernels.kernels.k2_regstate import regstate_threads
+    from build_kernels.kernels.k2_regstate import MMA_REGS, PRODUCER_REGS, producer_warps, regstate_threads
 
     kc.compile_entry(variant, f" --keep-cubin --keep-ptx --dump-dir {tmp_path}")
     (cubin,) = list(tmp_path.rglob("*.cubin"))
     found = kernel_resources(cubin)
     (registers,) = found["registers"].values()
     frame = next(iter(found["frame_bytes"].values()), 0)
-    c = dict(variant.constants)
-    warps = _ctas_per_sm(variant) * regstate_threads(c["value_block"], c["folded"]) // 32
+    vb = dict(variant.constants)["value_block"]
+    warps = regstate_threads(vb) // 32
     per_subpartition = -(-warps // 4)  # the sub-partition dealt the most warps
     allocated = -(-registers // 8) * 8  # registers are allocated in units of 8 per thread
     assert frame == 0, f"{variant.name} spills ({frame} bytes of stack)"
     assert per_subpartition * 32 * allocated <= 16384, (variant.name, registers, warps)
+    ptx = "\n".join(f.read_text() for f in tmp_path.rglob("*.ptx"))
+    if producer_warps(vb) == 4:
+        assert (per_subpartition - 1) * MMA_REGS + PRODUCER_REGS <= per_subpartition * allocated, variant.name
+        found = re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx)
+        assert sorted(found) == [("dec", str(PRODUCER_REGS)), ("inc", str(MMA_REGS))], (variant.name, found)
+    else:
+        assert "setmaxnreg" not in ptx, variant.name

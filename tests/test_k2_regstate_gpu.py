@@ -1,10 +1,10 @@
-"""The register-state K2 (KDA_K2_KERNEL=regstate or =folded) gives the mma.sync K2's
+"""The register-state K2 (KDA_K2_KERNEL=regstate) gives the mma.sync K2's
 (KDA_K2_KERNEL=k2) outputs, final states, pool slots and checkpoints bit for bit
 (docs/k2_regstate.md): serial, CP (its segmented K2 and the no-final-state K2 of a CP call) and the
 state pool with checkpoints.
 
-Each case runs the register-state kernel with the producer warp at value_split=2 (VB=64) and folded
-at 2 and 1 (VB=128), against K2 at the same split; the launch program is checked to hold its
+Each case runs the register-state kernel at value_split=2 (VB=64, producer warp) and 1 (VB=128,
+producer warpgroup), against K2 at the same split; the launch program is checked to hold its
 kernels (or K2's). Every output is poisoned with NaN before each run, so a token the register-state kernel
 skips shows; K2 is itself checked against float64 and FlashKDA elsewhere
 (tests/test_prefill_gpu.py, tests/test_flashkda_gpu.py)."""
@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 torch = pytest.importorskip("torch")
 
 D = 128
-MODES = [("regstate", 2), ("folded", 2), ("folded", 1)]  # KDA_K2_KERNEL, value_split
+MODES = [("regstate", 2), ("regstate", 1)]  # KDA_K2_KERNEL, value_split
 SERIAL = {
     "one sequence": ([1024], 4),
     "partial tiles, empty and one-token sequences": ([300, 17, 1, 0, 77], 8),
@@ -52,8 +52,7 @@ def _check_ran(k2, flag):
     if flag == "k2":
         assert not any(n.startswith("k2_regstate") for n in k2), k2
     else:
-        prefix = "k2_regstate_f_" if flag == "folded" else "k2_regstate_"
-        assert all(n.startswith(prefix) for n in k2), k2
+        assert all(n.startswith("k2_regstate_") for n in k2), k2
 
 
 def _same(a, b):

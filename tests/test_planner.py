@@ -47,42 +47,36 @@ def test_plan_serial_picks_state_variant():
                             sm_count=132, value_split_override=3)
 
 
-def test_k2_kernel_picks_the_register_state_twin_where_it_was_measured_faster():
-    """planner.k2_kernel: regstate at VB=64; folded at VB=128 up to 3 pairs per SM; k2 beyond and
-    at VB=32 (docs/k2_regstate.md)."""
-    assert planner.k2_kernel(64, 1, 132) == "regstate" and planner.k2_kernel(64, 10_000, 132) == "regstate"
-    assert planner.k2_kernel(128, 64, 132) == "folded" and planner.k2_kernel(128, 396, 132) == "folded"
-    assert planner.k2_kernel(128, 397, 132) == "k2" and planner.k2_kernel(128, 512, 132) == "k2"
-    assert planner.k2_kernel(128, 100, 30) == "k2"  # the bound scales with the SM count
-    assert planner.k2_kernel(32, 4, 132) == "k2"
+def test_k2_kernel_picks_the_register_state_twin_where_it_exists():
+    """planner.k2_kernel: regstate at VB=64 and 128, k2 at VB=32 (docs/k2_regstate.md)."""
+    assert planner.k2_kernel(64) == "regstate" and planner.k2_kernel(128) == "regstate"
+    assert planner.k2_kernel(32) == "k2"
 
 
 def test_k2_kernel_name_takes_a_twin_only_where_it_exists(monkeypatch):
     """launcher.k2_kernel_name: the planner's pick, or the one KDA_K2_KERNEL forces, when the library
-    has that twin; K2 itself otherwise (k2, no twin: accurate, VB=32, VB=128 with the producer);
-    an unknown KDA_K2_KERNEL is an error naming it."""
+    has that twin; K2 itself otherwise (k2, no twin: accurate, VB=32); an unknown KDA_K2_KERNEL is an
+    error naming it."""
     from types import SimpleNamespace
 
     from kda_aot import launcher
 
-    lib = SimpleNamespace(kernels={n: None for n in ("k2_regstate_in_f32_vb64", "k2_regstate_f_in_f32_vb64",
-                                                      "k2_regstate_f_segments_bf16_vb128")})
+    lib = SimpleNamespace(kernels={n: None for n in ("k2_regstate_in_f32_vb64", "k2_regstate_segments_bf16_vb128")})
 
-    def pick(flag, name, vb, pairs=8):
+    def pick(flag, name, vb):
         if flag is None:
             monkeypatch.delenv("KDA_K2_KERNEL", raising=False)
         else:
             monkeypatch.setenv("KDA_K2_KERNEL", flag)
-        return launcher.k2_kernel_name(lib, name, vb, pairs, 132)
+        return launcher.k2_kernel_name(lib, name, vb)
 
     assert pick(None, "k2_in_f32_vb64", 64) == "k2_regstate_in_f32_vb64"
-    assert pick(None, "k2_segments_bf16_vb128", 128) == "k2_regstate_f_segments_bf16_vb128"
-    assert pick(None, "k2_segments_bf16_vb128", 128, pairs=1000) == "k2_segments_bf16_vb128"
+    assert pick(None, "k2_segments_bf16_vb128", 128) == "k2_regstate_segments_bf16_vb128"
     assert pick("k2", "k2_in_f32_vb64", 64) == "k2_in_f32_vb64"
-    assert pick("folded", "k2_in_f32_vb64", 64) == "k2_regstate_f_in_f32_vb64"
-    assert pick("folded", "k2_segments_bf16_vb128", 128, pairs=1000) == "k2_regstate_f_segments_bf16_vb128"
-    assert pick("regstate", "k2_segments_bf16_vb128", 128) == "k2_segments_bf16_vb128"
+    assert pick("k2", "k2_segments_bf16_vb128", 128) == "k2_segments_bf16_vb128"
+    assert pick("regstate", "k2_in_bf16_vb128", 128) == "k2_in_bf16_vb128"  # not in this library
     assert pick(None, "k2_in_f32_vb32", 32) == "k2_in_f32_vb32"
-    assert pick("folded", "k2_in_f32_vb64_acc", 64) == "k2_in_f32_vb64_acc"
+    assert pick("regstate", "k2_in_f32_vb32", 32) == "k2_in_f32_vb32"
+    assert pick("regstate", "k2_in_f32_vb64_acc", 64) == "k2_in_f32_vb64_acc"
     with pytest.raises(ValueError, match="KDA_K2_KERNEL"):
-        pick("1", "k2_in_f32_vb64", 64)
+        pick("folded", "k2_in_f32_vb64", 64)

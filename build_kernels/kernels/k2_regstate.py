@@ -22,9 +22,10 @@ and Q1's and Q5's B operands are read once per warpgroup instead of once per war
 accumulates exactly as K2's m16n8k16 chain does (ci/probes/mma_vs_wgmma.cu, wgmma_k2_layouts.cu,
 k2_wgmma_chain.cu).
 
-Grid (n_seq * n_heads, 1, 128 // VB); CTA: VB // 64 warpgroups of MMA warps, then one producer warp
-(recurrence_common.produce_tiles, K2's stage layout) at VB = 64, or, folded (VB = 64 or 128), no
-producer warp: the MMA warps take turns issuing each tile's copies, as K2's folded kernel does.
+Grid (n_seq * n_heads, 1, 128 // VB); CTA: VB // 64 warpgroups of MMA warps, then the producer
+(recurrence_common.produce_tiles, K2's stage layout): one warp at VB = 64, a warpgroup at VB = 128
+that keeps 24 registers per thread and hands the rest to the MMA warpgroups (setmaxnreg), whose one
+warp issues the copies (producer_layout says why; docs/k2_regstate.md has what each form measured).
 Warpgroup wg owns the value columns vblk * VB + 64 wg .. + 63; lane (g, q) of its warp wl holds
 value rows 16 wl + g and + 8 of every m64 fragment. FlashKDA's recipe only; every mode of K2's kernel: serial with every
 state I/O (k2_regstate), CP segments (k2_regstate_segments) and state pool with checkpoints
@@ -45,10 +46,9 @@ from .ptx_ops import (add_rn, fma_rn, ldg_b32_if, ldg_f32_pair_bf16_if, lds_bf16
                       lds_v2_f32, ldsm_x4, mma_bf16_16816, movmatrix_t, mul_rn, pack_bf16x2, round_bf16x2, smem_desc,
                       stg_b32, stg_b32_if, stg_v2_f32, sub_rn, unpack_bf16x2, wgmma_commit, wgmma_fence,
                       wgmma_m64n16k16_rs, wgmma_m64n128k16_rs_mn, wgmma_wait)
-from .recurrence_common import (FOLDED_PREFETCH, HEAD_ROW_BYTES, K2_OFF_BSIG, K2_OFF_GT, K2_OFF_INV, K2_OFF_KD,
-                                K2_OFF_KR, K2_OFF_MQK, K2_OFF_QD, K2_OFF_V, STAGES, alloc_ring, init_ring,
-                                k2_cta_sequence, k2_stage_bytes, k2_tile_source, produce_first_tiles, produce_in_turn,
-                                produce_tiles, v_stride)
+from .recurrence_common import (HEAD_ROW_BYTES, K2_OFF_BSIG, K2_OFF_GT, K2_OFF_INV, K2_OFF_KD, K2_OFF_KR,
+                                K2_OFF_MQK, K2_OFF_QD, K2_OFF_V, STAGES, alloc_ring, init_ring, k2_cta_sequence,
+                                k2_stage_bytes, k2_tile_source, produce_tiles, v_stride)
 from .state_io import checkpoint_due, k2_state_slots, sequence_start_of
 from .tile_ops import CHUNK, D
 
@@ -58,13 +58,25 @@ from .tile_ops import CHUNK, D
 WG_COLS = 64  # value columns per warpgroup (the M of every wgmma)
 
 
-def regstate_threads(vb: int, folded: bool) -> int:
-    """4 MMA warps per 64 value columns, and the producer warp unless they produce themselves.
-    Registers are allocated per SM sub-partition (four of 16384, a CTA's warps dealt round-robin):
-    with the producer warp, a VB=64 CTA of 5 warps runs alone on its SM at about 225 registers and a
-    VB=128 one (9 warps) leaves ptxas 168; folded, two VB=64 CTAs or one VB=128 CTA put two warps on
-    each sub-partition, and up to 255 registers fit (docs/k2_producer.md)."""
-    return 32 * (4 * (vb // WG_COLS) + (0 if folded else 1))
+# The producer warpgroup's registers per thread after the trade (setmaxnreg's least; one warp issues
+# the copies and needs no more), and what the VB=128 MMA warpgroups take.
+PRODUCER_REGS = 24
+MMA_REGS = 240
+
+
+def producer_warps(vb: int) -> int:
+    """Registers are allocated per SM sub-partition (four of 16384, a CTA's warps dealt round-robin).
+    At VB=64 a CTA of 4 MMA warps and one producer warp runs alone on its SM at 217-227 registers.
+    At VB=128 a ninth warp would put three warps on one sub-partition, so ptxas caps the kernel at
+    168 registers and it spills. So VB=128 has a producer warpgroup: 12 warps launched at 168, three
+    per sub-partition, and after the trade 2 x MMA_REGS + PRODUCER_REGS = 504 = 3 x 168 there.
+    (Without a producer, the MMA warps taking turns with the copies, both VBs measured slower.)"""
+    return 1 if vb == WG_COLS else 4
+
+
+def regstate_threads(vb: int) -> int:
+    """4 MMA warps per 64 value columns, then the producer (producer_warps)."""
+    return 32 * (4 * (vb // WG_COLS) + producer_warps(vb))
 
 
 def _state_word_offset(col_wg, r0, q, kb: int, e: int):
@@ -109,7 +121,7 @@ def _k2_regstate_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int
                         has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
                         state_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int],
                         final_fp32: cutlass.Constexpr[bool], final_slots: cutlass.Constexpr[bool],
-                        ext: cutlass.Constexpr[bool], folded: cutlass.Constexpr[bool]):
+                        ext: cutlass.Constexpr[bool]):
     """K2's kernel parameters and modes (k2_recurrence._k2_kernel): serial, segmented (final_slots:
     entry from the fp32 carries, the exit at final_slot[segment]) and state I/O by slot with
     checkpoints (ext); FlashKDA's recipe only."""
@@ -138,16 +150,16 @@ def _k2_regstate_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int
 
         tile_source = k2_tile_source(tok0, tok_end, h64, H64, cap, tile0, vblk, VB, v_ptr, qd_ptr, kd_ptr, kr_ptr,
                                      gt_ptr, inv_ptr, mqk_ptr, bsig_ptr)
-        if warp == MMA_WARPS:
+        if warp >= MMA_WARPS:
             # ---------------------------------------------------------------- producer (K2's)
-            if cutlass.const_expr(not folded):
+            if cutlass.const_expr(producer_warps(VB) == 4):
+                cute.arch.setmaxregister_decrease(PRODUCER_REGS)
+            if warp == MMA_WARPS:
                 produce_tiles(full, empty, buf_addr, ntiles, *tile_source)
         else:
             # ---------------------------------------------------------------- MMA warpgroups
-            if cutlass.const_expr(folded):
-                # the MMA warps produce: warp 0 the first FOLDED_PREFETCH tiles now, overlapping the entry
-                # state's load, then warp i % MMA_WARPS tile i + FOLDED_PREFETCH at the start of tile i
-                produce_first_tiles(warp, ntiles, full, empty, buf_addr, tile_source)
+            if cutlass.const_expr(producer_warps(VB) == 4):
+                cute.arch.setmaxregister_increase(MMA_REGS)
             wg = warp // 4
             wl = warp % 4
             g = lane >> 2
@@ -176,9 +188,6 @@ def _k2_regstate_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int
 
             for i in cutlass.range(ntiles, unroll=1):
                 s = i % STAGES
-                if cutlass.const_expr(folded):
-                    # the others of the producing warp's warpgroup wait for it at the first wgmma
-                    produce_in_turn(warp, i, ntiles, MMA_WARPS, full, empty, buf_addr, tile_source)
                 cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
                 sb = buf_addr + s * SB
                 start = tok0 + i * CHUNK
@@ -285,9 +294,9 @@ def _k2_regstate_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int
                                      final_fp32)
 
 
-def _launch(kernel, n_seq: Int32, n_heads: Int32, value_block: int, folded: bool, stream):
-    return kernel.launch(grid=(n_seq * n_heads, 1, D // value_block), block=(regstate_threads(value_block, folded), 1, 1),
-                         stream=stream, use_pdl=True, min_blocks_per_mp=2 if folded and value_block == 64 else 1,
+def _launch(kernel, n_seq: Int32, n_heads: Int32, value_block: int, stream):
+    return kernel.launch(grid=(n_seq * n_heads, 1, D // value_block), block=(regstate_threads(value_block), 1, 1),
+                         stream=stream, use_pdl=True, min_blocks_per_mp=1,
                          preferred_smem_carveout=-1)
 
 
@@ -298,19 +307,18 @@ def k2_regstate(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: 
                 initial_state: cute.Pointer, final_state: cute.Pointer, t_total: Int32, n_seq: Int32,
                 n_heads: Int32, cap: Int32, stream: cuda.CUstream,
                 has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
-                state_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int],
-                folded: cutlass.Constexpr[bool] = False):
+                state_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int]):
     """Serial host entry with K2's arguments (k2_recurrence.k2_recurrence). value_block 64 with the
-    producer warp, or 64 / 128 folded (regstate_threads says why)."""
-    assert value_block == 64 or (folded and value_block == 128)
+    producer warp, or 128 with the producer warpgroup (producer_warps says why)."""
+    assert value_block in (64, 128)
     table = cute.make_layout(n_seq + 1)
     _launch(_k2_regstate_kernel(
         v.toint(), out.toint(), ws_qd.toint(), ws_kd.toint(), ws_kr.toint(), ws_gt.toint(), ws_inv.toint(),
         ws_mqk.toint(), ws_bsig.toint(), cute.make_tensor(seq_start, table), cute.make_tensor(tile_prefix, table),
         initial_state.toint(), final_state.toint(), cute.make_tensor(seq_start, table), n_heads, cap,
         Int64(0), Int64(0), Int32(0), Int64(0), Int32(0), cute.make_tensor(seq_start, table), n_seq, seq_order.toint(),
-        has_initial, has_final, state_fp32, value_block, state_fp32, False, False, folded),
-        n_seq, n_heads, value_block, folded, stream)
+        has_initial, has_final, state_fp32, value_block, state_fp32, False, False),
+        n_seq, n_heads, value_block, stream)
 
 
 @cute.jit
@@ -319,18 +327,17 @@ def k2_regstate_segments(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer
                          ws_bsig: cute.Pointer, seg_start: cute.Pointer, seg_prefix: cute.Pointer,
                          carries: cute.Pointer, final_state: cute.Pointer, final_slot: cute.Pointer, t_total: Int32,
                          n_seg: Int32, n_heads: Int32, cap: Int32, stream: cuda.CUstream,
-                         final_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int],
-                         folded: cutlass.Constexpr[bool] = False):
+                         final_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int]):
     """Segmented host entry with k2_recurrence.k2_segments' arguments (a CP call's K2)."""
-    assert value_block == 64 or (folded and value_block == 128)
+    assert value_block in (64, 128)
     table = cute.make_layout(n_seg + 1)
     _launch(_k2_regstate_kernel(
         v.toint(), out.toint(), ws_qd.toint(), ws_kd.toint(), ws_kr.toint(), ws_gt.toint(), ws_inv.toint(),
         ws_mqk.toint(), ws_bsig.toint(), cute.make_tensor(seg_start, table), cute.make_tensor(seg_prefix, table),
         carries.toint(), final_state.toint(), cute.make_tensor(final_slot, cute.make_layout(n_seg)), n_heads, cap,
         Int64(0), Int64(0), Int32(0), Int64(0), Int32(0), cute.make_tensor(seg_start, table), n_seg, Int64(0),
-        True, True, True, value_block, final_fp32, True, False, folded),
-        n_seg, n_heads, value_block, folded, stream)
+        True, True, True, value_block, final_fp32, True, False),
+        n_seg, n_heads, value_block, stream)
 
 
 @cute.jit
@@ -342,10 +349,9 @@ def k2_regstate_ext(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_
                     real_seq_start: cute.Pointer, slot_stride: Int64, n_pool: Int32, checkpoint_every: Int32,
                     n_real: Int32, t_total: Int32, n_seq: Int32, n_heads: Int32, cap: Int32, stream: cuda.CUstream,
                     segments: cutlass.Constexpr[bool], state_fp32: cutlass.Constexpr[bool],
-                    final_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int],
-                    folded: cutlass.Constexpr[bool] = False):
+                    final_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int]):
     """State-pool and checkpoint host entry with k2_recurrence.k2_ext's arguments and meaning."""
-    assert value_block == 64 or (folded and value_block == 128)
+    assert value_block in (64, 128)
     table = cute.make_layout(n_seq + 1)
     _launch(_k2_regstate_kernel(
         v.toint(), out.toint(), ws_qd.toint(), ws_kd.toint(), ws_kr.toint(), ws_gt.toint(), ws_inv.toint(),
@@ -353,5 +359,5 @@ def k2_regstate_ext(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_
         initial_state.toint(), final_state.toint(), cute.make_tensor(final_slot, cute.make_layout(n_seq)), n_heads,
         cap, state_index.toint(), slot_stride, n_pool, checkpoints.toint(), checkpoint_every,
         cute.make_tensor(real_seq_start, cute.make_layout(n_real + 1)), n_real, seq_order.toint(),
-        True, True, state_fp32, value_block, final_fp32, segments, True, folded),
-        n_seq, n_heads, value_block, folded, stream)
+        True, True, state_fp32, value_block, final_fp32, segments, True),
+        n_seq, n_heads, value_block, stream)
