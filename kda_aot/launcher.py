@@ -216,7 +216,8 @@ def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count:
               value_split: Optional[int] = None) -> Launch:
     """The CP sequence for up to `seg.max_segments` segments, cut on the device."""
     H, N, S = problem.H, problem.N, seg.max_segments
-    split = value_split or planner.value_split(S, H, sm_count)
+    scan_split, split = (value_split, value_split) if value_split else \
+        planner.cp_splits(S, N, H, sm_count, problem.numerics)
     vb = planner.D // split
     accurate = problem.numerics == "accurate"
     acc = "_acc" if accurate else ""  # numerics="accurate" kernels (build_kernels/registry.py)
@@ -243,7 +244,7 @@ def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count:
     seg_tables = dict(seq_start=ws(off["seq_start"]), tile_prefix=ws(off["tile_prefix"]))
     n_scan = S - N  # a bound on the non-last segments; scan_seg marks the unused entries -1
     if n_scan > 0:
-        prog.add(f"cp_pre_scan_vb{vb}{acc}", dict(
+        prog.add(f"cp_pre_scan_vb{planner.D // scan_split}{acc}", dict(
             v=Ref("v"), ws_kd=ws(off["kd"]), ws_kr=ws(off["kr"]), ws_gt=ws(off["gt"]), ws_inv=ws(off["inv"]),
             ws_bsig=ws(off["bsig"]), **seg_tables, scan_seg=ws(off["scan_seg"]), b_seg=ws(off["b_seg"]),
             m_seg=ws(off["m_seg"]), n_scan=n_scan, n_heads=H, cap=cap, stream=STREAM))

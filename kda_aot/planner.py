@@ -34,7 +34,7 @@ def tile_capacity(T: int, N: int, varlen: bool) -> int:
 # The splits a serial FlashKDA-recipe call chooses from: VB=128 and 64, where the register-state K2
 # runs (k2_kernel). VB=32 has only the mma.sync K2, and on the H200 it lost to the register-state
 # kernel at VB=64 or 128 on all nine single-sequence shapes measured, H=4 to 128
-# (docs/k2_regstate.md). CP keeps all three (its pre_scan has no register-state form).
+# (docs/k2_regstate.md). CP's pre_scan, which has only the mma.sync form, keeps all three (cp_splits).
 REGSTATE_SPLITS = (1, 2)
 
 
@@ -52,6 +52,22 @@ def value_split(n_seq: int, n_heads: int, sm_count: int, splits: Tuple[int, ...]
     if work >= sm_count:
         return 1
     return min(splits, key=lambda s: (ceil_div(work * s, sm_count) / s, s))
+
+
+def cp_splits(n_segments: int, n_seq: int, n_heads: int, sm_count: int, numerics: str = "flashkda") -> Tuple[int, int]:
+    """(pre_scan's value split, the segmented K2's) for a CP call of up to `n_segments` segments.
+
+    Each kernel gets the wave rule over its own grid: pre_scan runs the non-last segments only
+    (n_segments - n_seq, a bound) and has only the mma.sync form, so it chooses from all of
+    VALUE_SPLITS; K2 runs every segment and, in FlashKDA's recipe, chooses from REGSTATE_SPLITS as a
+    serial call does. Measured on the H200 (docs/cp_tuning.md, thirteenth session), this picked
+    the fastest split of each kernel on all eight CP shapes timed. numerics="accurate" keeps one
+    split for both (no register-state K2 there)."""
+    if numerics != "flashkda":
+        split = value_split(n_segments, n_heads, sm_count)
+        return split, split
+    return (value_split(max(n_segments - n_seq, 1), n_heads, sm_count),
+            value_split(n_segments, n_heads, sm_count, REGSTATE_SPLITS))
 
 
 # K2 kernels, one name per implementation of the same recurrence and rounding (bit for bit equal):

@@ -80,3 +80,25 @@ def test_k2_kernel_name_takes_a_twin_only_where_it_exists(monkeypatch):
     assert pick("regstate", "k2_in_f32_vb64_acc", 64) == "k2_in_f32_vb64_acc"
     with pytest.raises(ValueError, match="KDA_K2_KERNEL"):
         pick("folded", "k2_in_f32_vb64", 64)
+
+
+@pytest.mark.parametrize("S, N, H, want", [
+    # (segments, sequences, heads) of the CP shapes timed on the H200 (docs/cp_tuning.md, thirteenth
+    # session) -> the fastest (pre_scan split, K2 split) measured for each kernel
+    (16, 1, 4, (2, 2)),  # H=4 [8192]
+    (20, 2, 4, (4, 1)),  # H=4 [8192, 2048]
+    (32, 1, 4, (1, 1)),  # H=4 [16384]
+    (16, 1, 8, (1, 1)),  # H=8 [8192]
+    (15, 2, 8, (1, 1)),  # H=8 [8192, 2048]
+    (8, 1, 4, (4, 2)),  # H=4 [4096]
+    (33, 1, 4, (1, 1)),  # H=4 [32768]
+])
+def test_cp_splits_choose_each_kernels_split_from_its_own_grid(S, N, H, want):
+    assert planner.cp_splits(S, N, H, 132) == want
+    # numerics="accurate": one split for both, from all three (its K2 has no register-state form)
+    acc = planner.cp_splits(S, N, H, 132, "accurate")
+    assert acc == (planner.value_split(S, H, 132),) * 2
+
+
+def test_cp_splits_with_no_non_last_segment_still_names_a_split():
+    assert planner.cp_splits(2, 2, 4, 132) == (4, 2)  # pre_scan is not launched then; the split is unused
