@@ -213,7 +213,9 @@ def test_cp_pool_call_with_checkpoints(rec):
     assert fs is None and cps.states is ck and cps.index is ix
     names = [launch.name for launch in rec.last]
     assert names[:3] == ["cp_seg_tables_int32", "seq_tables_int32", "checkpoint_index"], names
-    assert "cp_merge_pool_bf16" in names and names[-1].startswith("k2_ext_segments_bf16_vb"), names
+    # 5 segments x 2 heads: the segmented K2 splits the value columns in two (planner.cp_splits) and
+    # runs the register-state twin
+    assert "cp_merge_pool_bf16" in names and names[-1] == "k2_regstate_ext_segments_bf16_vb64", names
     args = {launch.name: launch.args for launch in rec.last}
     merge, k2 = args["cp_merge_pool_bf16"], args[names[-1]]
     assert merge["state_pool"] == pool.ptr and merge["state_index"] == idx.ptr
