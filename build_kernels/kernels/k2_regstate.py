@@ -25,7 +25,7 @@ k2_wgmma_chain.cu).
 Grid (n_seq * n_heads, 1, 128 // VB); CTA: VB // 64 warpgroups of MMA warps, then the producer
 (recurrence_common.produce_tiles, K2's stage layout): one warp at VB = 64, a warpgroup at VB = 128
 that keeps 24 registers per thread and hands the rest to the MMA warpgroups (setmaxnreg), whose one
-warp issues the copies (producer_layout says why; docs/k2_regstate.md has what each form measured).
+warp issues the copies (producer_warps says why; docs/k2_regstate.md has what each form measured).
 Warpgroup wg owns the value columns vblk * VB + 64 wg .. + 63; lane (g, q) of its warp wl holds
 value rows 16 wl + g and + 8 of every m64 fragment. FlashKDA's recipe only; every mode of K2's kernel: serial with every
 state I/O (k2_regstate), CP segments (k2_regstate_segments) and state pool with checkpoints
@@ -59,7 +59,8 @@ WG_COLS = 64  # value columns per warpgroup (the M of every wgmma)
 
 
 # The producer warpgroup's registers per thread after the trade (setmaxnreg's least; one warp issues
-# the copies and needs no more), and what the VB=128 MMA warpgroups take.
+# the copies and needs no more), and what the VB=128 MMA warpgroups take: with 232 (and 40 for the
+# producer) the variants that load an entry state spilled 16 bytes.
 PRODUCER_REGS = 24
 MMA_REGS = 240
 
