@@ -49,24 +49,14 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64, Uint8, Uint32
 
-from .ptx_ops import (
-    add_f16x2, add_rn_ftz, ex2_approx_ftz, f16x2_to_f32x2, f32x2_to_bf16x2, f32x2_to_f16x2, fma_rn_ftz, ld_shared_v4,
-    ldmatrix_x4, mma_m16n8k16_bf16_f32, mma_m16n8k16_f16_f16, movmatrix_trans, mul_f16x2, mul_rn_ftz, rsqrt_approx_ftz,
-    st_shared_v4, sub_f16x2, u32_as_f32,
-)
-from .tile_ops import (CHUNK, D, LOG2E, await_previous_grid, bf16x2_to_f32x2, bulk_g2s_tensor, bulk_s2g_elected,
-                       raw_tile_layout, round_bf16, sigmoid_tanh)
+from .ptx_ops import f16x2_to_f32x2, f32x2_to_bf16x2
+from .tile_ops import (CHUNK, D, await_previous_grid, bulk_g2s_tensor, bulk_s2g_elected, raw_tile_layout, round_bf16)
+from .tile_prep import (F32_FACTOR_ROW, PAD_ROW, decayed_images, gate_factors, inverse_fragments, l2norm_hat,
+                        mqk_words, qk_products, select as _select)
 
 THREADS = 256
 ROW_BYTES = D * 2  # one token row of one head, bf16
-PAD_ROW = D + 8  # staging row stride in elements (272 B, a multiple of 16 for the bulk copies)
 TILE_BYTES = CHUNK * D * 2  # one raw image
-KSTEP_BYTES = 512  # one 16-column k-step of a raw image: core matrices (0,2kk),(1,2kk),(0,2kk+1),(1,2kk+1)
-F16_ONE = 0x3C00
-# Row stride (elements) of K1's fp32 decay factors. Stage 3 reads them 32 bytes per lane with 8
-# consecutive rows in 8 consecutive lanes: at PAD_ROW (544 B) those rows start 8 banks apart, so a
-# quarter warp touches 16 of the 32 banks (2-way conflicts); at 528 B they start 4 banks apart.
-F32_FACTOR_ROW = D + 4
 
 
 def _factor_layout(accurate: bool):
@@ -74,39 +64,6 @@ def _factor_layout(accurate: bool):
     F32_FACTOR_ROW (K1')."""
     row = F32_FACTOR_ROW if accurate else PAD_ROW
     return cute.make_layout((CHUNK, row), stride=(row, 1))
-
-
-def _select(cond, a, b, ty):
-    return ty(cutlass.select_(cond, ty(a), ty(b)))
-
-
-# --- register-fragment algebra for the 16x16 products (warp 0) --------------------------------------
-# A 16x16 matrix M in mma accumulator layout is M[nb][h]: one word per lane holding row 8h + lane//4,
-# columns 8nb + 2(lane%4) + {0, 1}. That is also exactly the A operand {M00, M01, M10, M11}; the B
-# operand of column block nb is the transpose of the row-0 / row-1 blocks of that column block.
-
-def _a_operand(M):
-    return (M[0][0], M[0][1], M[1][0], M[1][1])
-
-
-def _b_operands(M):
-    return [(movmatrix_trans(M[nb][0]), movmatrix_trans(M[nb][1])) for nb in range(2)]
-
-
-def _matmul_f16(a_op, b_ops):
-    """fp16 x fp16 with fp16 accumulation from zero (spec P8), 16x16x16."""
-    zero = Uint32(0)
-    return [list(mma_m16n8k16_f16_f16(a_op, b_ops[nb], (zero, zero))) for nb in range(2)]
-
-
-def _add(X, Y):
-    return [[add_f16x2(X[nb][h], Y[nb][h]) for h in range(2)] for nb in range(2)]
-
-
-def _f32x8(addr):
-    """Eight consecutive fp32 values from shared memory (32-byte aligned address)."""
-    words = ld_shared_v4(addr) + ld_shared_v4(addr + 16)
-    return [u32_as_f32(w) for w in words]
 
 
 @cute.kernel
@@ -219,122 +176,17 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
             # ---- stage 2b: L2 norm (P1).
             row_valid = row < m
             src = _select(is_k, sKin.iterator.toint(), sQin.iterator.toint(), Int32) + row * (PAD_ROW * 2)
-            xs = []
-            partial = []
-            for s in cutlass.range_constexpr(4):
-                words = ld_shared_v4(src + 16 * (quad + 4 * s))
-                vals = []
-                for t in cutlass.range_constexpr(4):
-                    lo_v, hi_v = bf16x2_to_f32x2(words[t])
-                    # Rows >= m were never loaded: their staging bytes are stale, use zero.
-                    vals.append(_select(row_valid, lo_v, 0.0, Float32))
-                    vals.append(_select(row_valid, hi_v, 0.0, Float32))
-                p = Float32(0.0)
-                for v in vals:
-                    p = fma_rn_ftz(v, v, p)
-                xs.append(vals)
-                partial.append(p)
-            # Butterfly p_j += p_{j^o}, o = 8, 4, 2, 1: j^8 and j^4 are this lane's s^2 and s^1, j^2 and
-            # j^1 are lanes ^16 and ^8. IEEE addition commutes, so every lane of a row ends bit-equal.
-            t8 = [add_rn_ftz(partial[s], partial[s ^ 2]) for s in range(2)]
-            ssq = add_rn_ftz(t8[0], t8[1])
-            ssq = add_rn_ftz(ssq, cute.arch.shuffle_sync_bfly(ssq, offset=16))
-            ssq = add_rn_ftz(ssq, cute.arch.shuffle_sync_bfly(ssq, offset=8))
-            inv_norm = rsqrt_approx_ftz(add_rn_ftz(ssq, Float32(1e-6)))
-            for s in cutlass.range_constexpr(4):
-                for t in cutlass.range_constexpr(4):
-                    hat[4 * s + t] = f32x2_to_bf16x2(mul_rn_ftz(xs[s][2 * t], inv_norm),
-                                                     mul_rn_ftz(xs[s][2 * t + 1], inv_norm))
+            l2norm_hat(src, row_valid, quad, hat)
         else:
             # ---- stage 2a: gate (P2-P4), thread = key channel.
-            A = ex2_approx_ftz(mul_rn_ftz(a_log_h, Float32(LOG2E)))
-            G = Float32(0.0)
-            for r in cutlass.range_constexpr(CHUNK):
-                x = add_rn_ftz(Float32(sGin[r, chan]), dt)
-                x = mul_rn_ftz(A, x)
-                a2 = mul_rn_ftz(gate_c, sigmoid_tanh(x))
-                # Padded rows add exactly 0, so G stays at the last valid row and gamma is right.
-                G = add_rn_ftz(G, _select(r < m, a2, 0.0, Float32))
-                sE[r, chan] = factor(ex2_approx_ftz(G))
-                sEbar[r, chan] = factor(ex2_approx_ftz(-G))
-            gamma = ex2_approx_ftz(G)
+            gamma = gate_factors(sGin, sE, sEbar, chan, dt, a_log_h, gate_c, m, factor)
             cute.make_tensor(ws_gt + slot * D, cute.make_layout(D))[chan] = gamma
             sGb[chan] = factor(gamma)
 
         cute.arch.barrier()  # B1: e, ebar, bf(gamma) published; staging reads done
 
         if warp >= 4:
-            if cutlass.const_expr(accurate):
-                # ---- stage 3 of numerics="accurate" (K1'): Qd = bf(q 2^G scale), Kd = bf(k 2^G),
-                # Ki = bf(k 2^-G), Kr = bf(k 2^-G gamma), each rounded once from fp32 factors.
-                e_row = sE.iterator.toint() + row * (F32_FACTOR_ROW * 4)
-                ebar_row = sEbar.iterator.toint() + row * (F32_FACTOR_ROW * 4)
-                for s in cutlass.range_constexpr(4):
-                    j = quad + 4 * s
-                    img = 2 * cute.crd2idx((row, 8 * j), raw_tile_layout())
-                    ev = _f32x8(e_row + 32 * j)
-                    if is_k:
-                        ebv = _f32x8(ebar_row + 32 * j)
-                        gv = _f32x8(sGb.iterator.toint() + 32 * j)
-                        kd = []
-                        ki = []
-                        kr = []
-                        for t in cutlass.range_constexpr(4):
-                            k0, k1 = bf16x2_to_f32x2(hat[4 * s + t])
-                            kd.append(f32x2_to_bf16x2(k0 * ev[2 * t], k1 * ev[2 * t + 1]))
-                            i0 = k0 * ebv[2 * t]
-                            i1 = k1 * ebv[2 * t + 1]
-                            ki.append(f32x2_to_bf16x2(i0, i1))
-                            kr.append(f32x2_to_bf16x2(i0 * gv[2 * t], i1 * gv[2 * t + 1]))
-                        st_shared_v4(sKd.iterator.toint() + img, kd)
-                        st_shared_v4(sKi.iterator.toint() + img, ki)
-                        st_shared_v4(sKr.iterator.toint() + img, kr)
-                    else:
-                        qd = []
-                        for t in cutlass.range_constexpr(4):
-                            q0, q1 = bf16x2_to_f32x2(hat[4 * s + t])
-                            qd.append(f32x2_to_bf16x2((q0 * ev[2 * t]) * scale, (q1 * ev[2 * t + 1]) * scale))
-                        st_shared_v4(sQd.iterator.toint() + img, qd)
-            else:
-                # ---- stage 3: decayed tiles (P5), written into the raw images.
-                e_row = sE.iterator.toint() + row * (PAD_ROW * 2)
-                ebar_row = sEbar.iterator.toint() + row * (PAD_ROW * 2)
-                if is_k:
-                    for s in cutlass.range_constexpr(4):
-                        j = quad + 4 * s
-                        img = 2 * cute.crd2idx((row, 8 * j), raw_tile_layout())
-                        we = ld_shared_v4(e_row + 16 * j)
-                        web = ld_shared_v4(ebar_row + 16 * j)
-                        wgb = ld_shared_v4(sGb.iterator.toint() + 16 * j)
-                        kd = []
-                        ki = []
-                        kr = []
-                        for t in cutlass.range_constexpr(4):
-                            k0, k1 = bf16x2_to_f32x2(hat[4 * s + t])
-                            e0, e1 = bf16x2_to_f32x2(we[t])
-                            eb0, eb1 = bf16x2_to_f32x2(web[t])
-                            gb0, gb1 = bf16x2_to_f32x2(wgb[t])
-                            kd.append(f32x2_to_bf16x2(k0 * e0, k1 * e1))
-                            ki_w = f32x2_to_bf16x2(k0 * eb0, k1 * eb1)
-                            ki.append(ki_w)
-                            i0, i1 = bf16x2_to_f32x2(ki_w)
-                            kr.append(f32x2_to_bf16x2(i0 * gb0, i1 * gb1))
-                        st_shared_v4(sKd.iterator.toint() + img, kd)
-                        st_shared_v4(sKi.iterator.toint() + img, ki)
-                        st_shared_v4(sKr.iterator.toint() + img, kr)
-                else:
-                    bscale = round_bf16(scale)
-                    for s in cutlass.range_constexpr(4):
-                        j = quad + 4 * s
-                        img = 2 * cute.crd2idx((row, 8 * j), raw_tile_layout())
-                        we = ld_shared_v4(e_row + 16 * j)
-                        qd = []
-                        for t in cutlass.range_constexpr(4):
-                            q0, q1 = bf16x2_to_f32x2(hat[4 * s + t])
-                            e0, e1 = bf16x2_to_f32x2(we[t])
-                            qe0, qe1 = bf16x2_to_f32x2(f32x2_to_bf16x2(q0 * e0, q1 * e1))
-                            qd.append(f32x2_to_bf16x2(qe0 * bscale, qe1 * bscale))
-                        st_shared_v4(sQd.iterator.toint() + img, qd)
+            decayed_images(hat, row, quad, is_k, sE, sEbar, sGb, sQd, sKd, sKi, sKr, scale, accurate)
             # The S2G bulk copies read the images through the async proxy.
             cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier()  # B2
@@ -355,13 +207,7 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
             # (Kd | Qd) Ki^T, 16x16 over K = 128: 8 k-steps in order, fp32 accumulation (P6/P7).
             a_img = _select(warp == 0, sKd.iterator.toint(), sQd.iterator.toint(), Int32) + lane * 16
             b_img = sKi.iterator.toint() + lane * 16
-            zero = Float32(0.0)
-            acc = [[zero, zero, zero, zero], [zero, zero, zero, zero]]
-            for kk in cutlass.range_constexpr(D // 16):
-                a_op = ldmatrix_x4(a_img + kk * KSTEP_BYTES)
-                b4 = ldmatrix_x4(b_img + kk * KSTEP_BYTES)  # Ki rows 0-7 / 8-15 are the two n-blocks
-                acc[0] = list(mma_m16n8k16_bf16_f32(a_op, (b4[0], b4[2]), acc[0]))
-                acc[1] = list(mma_m16n8k16_bf16_f32(a_op, (b4[1], b4[3]), acc[1]))
+            acc = qk_products(a_img, b_img)
 
             # Fragment coordinates: row 8h + row_lo, column 8nb + col0 + {0, 1}; only the diagonal
             # blocks (h == nb) need per-element masks, compared on block-local indices.
@@ -369,40 +215,7 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
             word_out = row_lo * (CHUNK // 2) + (lane & 3)  # u32 index of (row_lo, col0) in a 16x16 bf16 tile
             small_off = slot * (CHUNK * CHUNK)
             if warp == 0:
-                strict_mask = _select(row_lo > col0, 0x0000FFFF, 0, Uint32) | \
-                    _select(row_lo > col0 + 1, 0xFFFF0000, 0, Uint32)
-                eye = _select(row_lo == col0, F16_ONE, 0, Uint32) | \
-                    _select(row_lo == col0 + 1, F16_ONE << 16, 0, Uint32)
-                sig_lo = sigmoid_tanh(logit_lo)
-                sig_hi = sigmoid_tanh(logit_hi)
-                beta_h = [f32x2_to_f16x2(sig_lo, sig_lo), f32x2_to_f16x2(sig_hi, sig_hi)]  # hf(sigma~(beta_i))
-                # P6: L = hf(acc), row scale in fp16, keep i > j. P8: X = I - L (fp16).
-                L = []
-                X = []
-                for nb in cutlass.range_constexpr(2):
-                    Lc = []
-                    Xc = []
-                    for h in cutlass.range_constexpr(2):
-                        if cutlass.const_expr(h < nb):  # block above the diagonal
-                            Lc.append(Uint32(0))
-                            Xc.append(Uint32(0))
-                        else:
-                            lw = mul_f16x2(f32x2_to_f16x2(acc[nb][2 * h], acc[nb][2 * h + 1]), beta_h[h])
-                            if cutlass.const_expr(h == nb):
-                                lw = lw & strict_mask
-                            Lc.append(lw)
-                            # fp16 I - L: +0 where L is 0, exactly like the reference's subtraction
-                            Xc.append(sub_f16x2(eye if h == nb else Uint32(0), lw))
-                    L.append(Lc)
-                    X.append(Xc)
-                # P8: (I - L)(I + L^2)(I + L^4)(I + L^8), every product fp16-accumulated from zero and
-                # every sum a separate fp16 add.
-                P = _matmul_f16(_a_operand(L), _b_operands(L))
-                for step in cutlass.range_constexpr(3):
-                    bP = _b_operands(P)
-                    X = _add(X, _matmul_f16(_a_operand(X), bP))
-                    if cutlass.const_expr(step < 2):
-                        P = _matmul_f16(_a_operand(P), bP)
+                X, sig_lo, sig_hi = inverse_fragments(acc, row_lo, col0, logit_lo, logit_hi)
                 mInv = cute.make_tensor(cute.recast_ptr(ws_inv + small_off, dtype=Uint32),
                                         cute.make_layout(CHUNK * CHUNK // 2))
                 for nb in cutlass.range_constexpr(2):
@@ -415,18 +228,15 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
                     mBsig[row_lo + 8] = BFloat16(_select(row_lo + 8 < m, round_bf16(sig_hi), 0.0, Float32))
             else:
                 # P7: Mqk = bf(acc), keep i >= j.
-                causal_mask = _select(row_lo >= col0, 0x0000FFFF, 0, Uint32) | \
-                    _select(row_lo >= col0 + 1, 0xFFFF0000, 0, Uint32)
-                mMqk = cute.make_tensor(cute.recast_ptr(ws_mqk + small_off, dtype=Uint32),
-                                        cute.make_layout(CHUNK * CHUNK // 2))
-                for nb in cutlass.range_constexpr(2):
-                    for h in cutlass.range_constexpr(2):
-                        w = f32x2_to_bf16x2(acc[nb][2 * h], acc[nb][2 * h + 1])
-                        if cutlass.const_expr(h == nb):
-                            w = w & causal_mask
-                        elif cutlass.const_expr(h < nb):
-                            w = Uint32(0)
+                def make_store():
+                    mMqk = cute.make_tensor(cute.recast_ptr(ws_mqk + small_off, dtype=Uint32),
+                                            cute.make_layout(CHUNK * CHUNK // 2))
+
+                    def store(nb, h, w):
                         mMqk[word_out + h * 8 * (CHUNK // 2) + nb * 4] = w
+                    return store
+
+                mqk_words(acc, row_lo, col0, make_store)
 
 
 @cute.jit

@@ -1,0 +1,260 @@
+"""One 16-token tile's preparation, the arithmetic of K1's stages (k1_prepare.py; docs/algorithm.md
+§2.4 P1-P8): the L2 norm, the gate and its decay factors, the decayed tile images, and the two 16 x 16
+products with the inverse. A module of its own so that every kernel which prepares tiles traces the
+very same operations, in the same order, and so writes the same bits.
+
+Each function is traced inline into its caller: the shared-memory buffers (cute tensors) and the
+thread's coordinates come in, registers go out, and where a stage writes per-fragment results the
+caller passes the store (so that its order among the arithmetic stays what K1's always was).
+"""
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Uint32
+
+from .ptx_ops import (add_f16x2, add_rn_ftz, ex2_approx_ftz, f32x2_to_bf16x2, f32x2_to_f16x2, fma_rn_ftz,
+                      ld_shared_v4, ldmatrix_x4, mma_m16n8k16_bf16_f32, mma_m16n8k16_f16_f16, movmatrix_trans,
+                      mul_f16x2, mul_rn_ftz, rsqrt_approx_ftz, st_shared_v4, sub_f16x2, u32_as_f32)
+from .tile_ops import CHUNK, D, LOG2E, bf16x2_to_f32x2, raw_tile_layout, round_bf16, sigmoid_tanh
+
+PAD_ROW = D + 8  # staging row stride in elements (272 B, a multiple of 16 for the bulk copies)
+KSTEP_BYTES = 512  # one 16-column k-step of a raw image: core matrices (0,2kk),(1,2kk),(0,2kk+1),(1,2kk+1)
+F16_ONE = 0x3C00
+# Row stride (elements) of the fp32 decay factors (numerics="accurate"). Stage 3 reads them 32 bytes
+# per lane with 8 consecutive rows in 8 consecutive lanes: at PAD_ROW (544 B) those rows start 8 banks
+# apart, so a quarter warp touches 16 of the 32 banks (2-way conflicts); at 528 B they start 4 apart.
+F32_FACTOR_ROW = D + 4
+
+
+def select(cond, a, b, ty):
+    return ty(cutlass.select_(cond, ty(a), ty(b)))
+
+
+# --- register-fragment algebra for the 16x16 products -----------------------------------------------
+# A 16x16 matrix M in mma accumulator layout is M[nb][h]: one word per lane holding row 8h + lane//4,
+# columns 8nb + 2(lane%4) + {0, 1}. That is also exactly the A operand {M00, M01, M10, M11}; the B
+# operand of column block nb is the transpose of the row-0 / row-1 blocks of that column block.
+
+def _a_operand(M):
+    return (M[0][0], M[0][1], M[1][0], M[1][1])
+
+
+def _b_operands(M):
+    return [(movmatrix_trans(M[nb][0]), movmatrix_trans(M[nb][1])) for nb in range(2)]
+
+
+def _matmul_f16(a_op, b_ops):
+    """fp16 x fp16 with fp16 accumulation from zero (spec P8), 16x16x16."""
+    zero = Uint32(0)
+    return [list(mma_m16n8k16_f16_f16(a_op, b_ops[nb], (zero, zero))) for nb in range(2)]
+
+
+def _add(X, Y):
+    return [[add_f16x2(X[nb][h], Y[nb][h]) for h in range(2)] for nb in range(2)]
+
+
+def _f32x8(addr):
+    """Eight consecutive fp32 values from shared memory (32-byte aligned address)."""
+    words = ld_shared_v4(addr) + ld_shared_v4(addr + 16)
+    return [u32_as_f32(w) for w in words]
+
+
+def l2norm_hat(src, row_valid, quad, hat):
+    """P1 for one token row of q or k (4 lanes per row, 4 chunks of 8 per lane): the staging row at
+    shared address `src` (rows >= m were never loaded, read as zero) into hat[0..15], bf(x * rsqrt)
+    as 4 words per chunk."""
+    xs = []
+    partial = []
+    for s in range(4):
+        words = ld_shared_v4(src + 16 * (quad + 4 * s))
+        vals = []
+        for t in range(4):
+            lo_v, hi_v = bf16x2_to_f32x2(words[t])
+            # Rows >= m were never loaded: their staging bytes are stale, use zero.
+            vals.append(select(row_valid, lo_v, 0.0, Float32))
+            vals.append(select(row_valid, hi_v, 0.0, Float32))
+        p = Float32(0.0)
+        for v in vals:
+            p = fma_rn_ftz(v, v, p)
+        xs.append(vals)
+        partial.append(p)
+    # Butterfly p_j += p_{j^o}, o = 8, 4, 2, 1: j^8 and j^4 are this lane's s^2 and s^1, j^2 and
+    # j^1 are lanes ^16 and ^8. IEEE addition commutes, so every lane of a row ends bit-equal.
+    t8 = [add_rn_ftz(partial[s], partial[s ^ 2]) for s in range(2)]
+    ssq = add_rn_ftz(t8[0], t8[1])
+    ssq = add_rn_ftz(ssq, cute.arch.shuffle_sync_bfly(ssq, offset=16))
+    ssq = add_rn_ftz(ssq, cute.arch.shuffle_sync_bfly(ssq, offset=8))
+    inv_norm = rsqrt_approx_ftz(add_rn_ftz(ssq, Float32(1e-6)))
+    for s in range(4):
+        for t in range(4):
+            hat[4 * s + t] = f32x2_to_bf16x2(mul_rn_ftz(xs[s][2 * t], inv_norm),
+                                             mul_rn_ftz(xs[s][2 * t + 1], inv_norm))
+
+
+def gate_factors(sGin, sE, sEbar, chan, dt, a_log_h, gate_c, m, factor):
+    """P2-P4 for one key channel (one thread): activation, the sequential cumulative sum over the 16
+    rows, e = 2^G and ebar = 2^-G into sE and sEbar as `factor` (bf16, or fp32 for "accurate").
+    Returns gamma = 2^G_tot (fp32)."""
+    A = ex2_approx_ftz(mul_rn_ftz(a_log_h, Float32(LOG2E)))
+    G = Float32(0.0)
+    for r in range(CHUNK):
+        x = add_rn_ftz(Float32(sGin[r, chan]), dt)
+        x = mul_rn_ftz(A, x)
+        a2 = mul_rn_ftz(gate_c, sigmoid_tanh(x))
+        # Padded rows add exactly 0, so G stays at the last valid row and gamma is right.
+        G = add_rn_ftz(G, select(r < m, a2, 0.0, Float32))
+        sE[r, chan] = factor(ex2_approx_ftz(G))
+        sEbar[r, chan] = factor(ex2_approx_ftz(-G))
+    gamma = ex2_approx_ftz(G)
+    return gamma
+
+
+@cute.jit
+def decayed_images(hat: cute.Tensor, row: Int32, quad: Int32, is_k: cutlass.Boolean, sE: cute.Tensor,
+                   sEbar: cute.Tensor, sGb: cute.Tensor, sQd: cute.Tensor, sKd: cute.Tensor, sKi: cute.Tensor,
+                   sKr: cute.Tensor, scale: Float32, accurate: cutlass.Constexpr[bool]):
+    """P5 for one token row (4 lanes per row): from the normed row `hat` of k (is_k) or q, the decayed
+    tiles written as raw 8x8-core-matrix images (docs/algorithm.md §4.8): Kd, Ki and Kr from k, Qd
+    from q. accurate: each gated operand rounded once from fp32 factors (K1', docs/numerics.md)."""
+    if cutlass.const_expr(accurate):
+        # ---- stage 3 of numerics="accurate" (K1'): Qd = bf(q 2^G scale), Kd = bf(k 2^G),
+        # Ki = bf(k 2^-G), Kr = bf(k 2^-G gamma), each rounded once from fp32 factors.
+        e_row = sE.iterator.toint() + row * (F32_FACTOR_ROW * 4)
+        ebar_row = sEbar.iterator.toint() + row * (F32_FACTOR_ROW * 4)
+        for s in cutlass.range_constexpr(4):
+            j = quad + 4 * s
+            img = 2 * cute.crd2idx((row, 8 * j), raw_tile_layout())
+            ev = _f32x8(e_row + 32 * j)
+            if is_k:
+                ebv = _f32x8(ebar_row + 32 * j)
+                gv = _f32x8(sGb.iterator.toint() + 32 * j)
+                kd = []
+                ki = []
+                kr = []
+                for t in cutlass.range_constexpr(4):
+                    k0, k1 = bf16x2_to_f32x2(hat[4 * s + t])
+                    kd.append(f32x2_to_bf16x2(k0 * ev[2 * t], k1 * ev[2 * t + 1]))
+                    i0 = k0 * ebv[2 * t]
+                    i1 = k1 * ebv[2 * t + 1]
+                    ki.append(f32x2_to_bf16x2(i0, i1))
+                    kr.append(f32x2_to_bf16x2(i0 * gv[2 * t], i1 * gv[2 * t + 1]))
+                st_shared_v4(sKd.iterator.toint() + img, kd)
+                st_shared_v4(sKi.iterator.toint() + img, ki)
+                st_shared_v4(sKr.iterator.toint() + img, kr)
+            else:
+                qd = []
+                for t in cutlass.range_constexpr(4):
+                    q0, q1 = bf16x2_to_f32x2(hat[4 * s + t])
+                    qd.append(f32x2_to_bf16x2((q0 * ev[2 * t]) * scale, (q1 * ev[2 * t + 1]) * scale))
+                st_shared_v4(sQd.iterator.toint() + img, qd)
+    else:
+        # ---- stage 3: decayed tiles (P5), written into the raw images.
+        e_row = sE.iterator.toint() + row * (PAD_ROW * 2)
+        ebar_row = sEbar.iterator.toint() + row * (PAD_ROW * 2)
+        if is_k:
+            for s in cutlass.range_constexpr(4):
+                j = quad + 4 * s
+                img = 2 * cute.crd2idx((row, 8 * j), raw_tile_layout())
+                we = ld_shared_v4(e_row + 16 * j)
+                web = ld_shared_v4(ebar_row + 16 * j)
+                wgb = ld_shared_v4(sGb.iterator.toint() + 16 * j)
+                kd = []
+                ki = []
+                kr = []
+                for t in cutlass.range_constexpr(4):
+                    k0, k1 = bf16x2_to_f32x2(hat[4 * s + t])
+                    e0, e1 = bf16x2_to_f32x2(we[t])
+                    eb0, eb1 = bf16x2_to_f32x2(web[t])
+                    gb0, gb1 = bf16x2_to_f32x2(wgb[t])
+                    kd.append(f32x2_to_bf16x2(k0 * e0, k1 * e1))
+                    ki_w = f32x2_to_bf16x2(k0 * eb0, k1 * eb1)
+                    ki.append(ki_w)
+                    i0, i1 = bf16x2_to_f32x2(ki_w)
+                    kr.append(f32x2_to_bf16x2(i0 * gb0, i1 * gb1))
+                st_shared_v4(sKd.iterator.toint() + img, kd)
+                st_shared_v4(sKi.iterator.toint() + img, ki)
+                st_shared_v4(sKr.iterator.toint() + img, kr)
+        else:
+            bscale = round_bf16(scale)
+            for s in cutlass.range_constexpr(4):
+                j = quad + 4 * s
+                img = 2 * cute.crd2idx((row, 8 * j), raw_tile_layout())
+                we = ld_shared_v4(e_row + 16 * j)
+                qd = []
+                for t in cutlass.range_constexpr(4):
+                    q0, q1 = bf16x2_to_f32x2(hat[4 * s + t])
+                    e0, e1 = bf16x2_to_f32x2(we[t])
+                    qe0, qe1 = bf16x2_to_f32x2(f32x2_to_bf16x2(q0 * e0, q1 * e1))
+                    qd.append(f32x2_to_bf16x2(qe0 * bscale, qe1 * bscale))
+                st_shared_v4(sQd.iterator.toint() + img, qd)
+    # The S2G bulk copies read the images through the async proxy.
+
+
+def qk_products(a_img, b_img):
+    """(Kd | Qd) Ki^T, 16x16 over K = 128, for one warp: 8 k-steps in order, fp32 accumulation
+    (P6/P7), from the lane's ldmatrix addresses of the A image and of Ki."""
+    zero = Float32(0.0)
+    acc = [[zero, zero, zero, zero], [zero, zero, zero, zero]]
+    for kk in range(D // 16):
+        a_op = ldmatrix_x4(a_img + kk * KSTEP_BYTES)
+        b4 = ldmatrix_x4(b_img + kk * KSTEP_BYTES)  # Ki rows 0-7 / 8-15 are the two n-blocks
+        acc[0] = list(mma_m16n8k16_bf16_f32(a_op, (b4[0], b4[2]), acc[0]))
+        acc[1] = list(mma_m16n8k16_bf16_f32(a_op, (b4[1], b4[3]), acc[1]))
+    return acc
+
+
+def inverse_fragments(acc, row_lo, col0, logit_lo, logit_hi):
+    """P6 and P8 on Kd Ki^T's accumulator: L = hf(acc) scaled by hf(sigma(beta)) per row, strictly
+    lower; X = (I - L)(I + L^2)(I + L^4)(I + L^8), every product fp16-accumulated from zero and every
+    sum a separate fp16 add. Returns (X fragments, sigma(beta) of rows row_lo and row_lo + 8)."""
+    strict_mask = select(row_lo > col0, 0x0000FFFF, 0, Uint32) | \
+        select(row_lo > col0 + 1, 0xFFFF0000, 0, Uint32)
+    eye = select(row_lo == col0, F16_ONE, 0, Uint32) | \
+        select(row_lo == col0 + 1, F16_ONE << 16, 0, Uint32)
+    sig_lo = sigmoid_tanh(logit_lo)
+    sig_hi = sigmoid_tanh(logit_hi)
+    beta_h = [f32x2_to_f16x2(sig_lo, sig_lo), f32x2_to_f16x2(sig_hi, sig_hi)]  # hf(sigma~(beta_i))
+    # P6: L = hf(acc), row scale in fp16, keep i > j. P8: X = I - L (fp16).
+    L = []
+    X = []
+    for nb in range(2):
+        Lc = []
+        Xc = []
+        for h in range(2):
+            if h < nb:  # block above the diagonal
+                Lc.append(Uint32(0))
+                Xc.append(Uint32(0))
+            else:
+                lw = mul_f16x2(f32x2_to_f16x2(acc[nb][2 * h], acc[nb][2 * h + 1]), beta_h[h])
+                if h == nb:
+                    lw = lw & strict_mask
+                Lc.append(lw)
+                # fp16 I - L: +0 where L is 0, exactly like the reference's subtraction
+                Xc.append(sub_f16x2(eye if h == nb else Uint32(0), lw))
+        L.append(Lc)
+        X.append(Xc)
+    # P8: (I - L)(I + L^2)(I + L^4)(I + L^8), every product fp16-accumulated from zero and
+    # every sum a separate fp16 add.
+    P = _matmul_f16(_a_operand(L), _b_operands(L))
+    for step in range(3):
+        bP = _b_operands(P)
+        X = _add(X, _matmul_f16(_a_operand(X), bP))
+        if step < 2:
+            P = _matmul_f16(_a_operand(P), bP)
+    return X, sig_lo, sig_hi
+
+
+def mqk_words(acc, row_lo, col0, make_store):
+    """P7 on Qd Ki^T's accumulator: bf(acc), causal (i >= j). make_store() gives store(nb, h, word),
+    called for each fragment word in K1's order."""
+    causal_mask = select(row_lo >= col0, 0x0000FFFF, 0, Uint32) | \
+        select(row_lo >= col0 + 1, 0xFFFF0000, 0, Uint32)
+    store = make_store()
+    for nb in range(2):
+        for h in range(2):
+            w = f32x2_to_bf16x2(acc[nb][2 * h], acc[nb][2 * h + 1])
+            if h == nb:
+                w = w & causal_mask
+            elif h < nb:
+                w = Uint32(0)
+            store(nb, h, w)
