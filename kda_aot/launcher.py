@@ -150,10 +150,9 @@ def _ext_dtype(problem: Problem) -> str:
 
 def k2_kernel_name(lib: KernelLibrary, k2_name: str, value_block: int) -> str:
     """The kernel that runs the K2 variant `k2_name` (a mma.sync K2 at `value_block`): its
-    register-state twin
-    (abi_constants.regstate_name: same arguments, same bits) where planner.k2_kernel picks
-    one and the library has it, else k2_name. KDA_K2_KERNEL=k2|regstate forces one, for
-    measurement; it is read when a call is planned."""
+    register-state twin (abi_constants.regstate_name: same arguments, same bits) where
+    planner.k2_kernel picks one and the library has it, else k2_name. KDA_K2_KERNEL=k2|regstate
+    forces one, for measurement; it is read when a call is planned."""
     forced = os.environ.get("KDA_K2_KERNEL")
     if forced and forced not in planner.K2_KERNELS:
         raise ValueError(f"KDA_K2_KERNEL: expected one of {planner.K2_KERNELS} or unset, got {forced!r}")

@@ -54,6 +54,12 @@ def value_split(n_seq: int, n_heads: int, sm_count: int, splits: Tuple[int, ...]
     return min(splits, key=lambda s: (ceil_div(work * s, sm_count) / s, s))
 
 
+def k2_splits(numerics: str) -> Tuple[int, ...]:
+    """The value splits K2 chooses from: REGSTATE_SPLITS in FlashKDA's recipe (where the register-state
+    K2 runs), all of VALUE_SPLITS with numerics="accurate" (mma.sync only)."""
+    return REGSTATE_SPLITS if numerics == "flashkda" else VALUE_SPLITS
+
+
 def cp_splits(n_segments: int, n_seq: int, n_heads: int, sm_count: int, numerics: str = "flashkda") -> Tuple[int, int]:
     """(pre_scan's value split, the segmented K2's) for a CP call of up to `n_segments` segments.
 
@@ -63,11 +69,10 @@ def cp_splits(n_segments: int, n_seq: int, n_heads: int, sm_count: int, numerics
     serial call does. Measured on the H200 (docs/cp_tuning.md, thirteenth session), this picked
     the fastest split of each kernel on all eight CP shapes timed. numerics="accurate" keeps one
     split for both (no register-state K2 there)."""
+    k2 = value_split(n_segments, n_heads, sm_count, k2_splits(numerics))
     if numerics != "flashkda":
-        split = value_split(n_segments, n_heads, sm_count)
-        return split, split
-    return (value_split(max(n_segments - n_seq, 1), n_heads, sm_count),
-            value_split(n_segments, n_heads, sm_count, REGSTATE_SPLITS))
+        return k2, k2
+    return value_split(max(n_segments - n_seq, 1), n_heads, sm_count), k2
 
 
 # K2 kernels, one name per implementation of the same recurrence and rounding (bit for bit equal):
@@ -98,8 +103,7 @@ class SerialPlan:
 def plan_serial(*, T: int, N: int, H: int, varlen: bool, has_initial: bool, has_final: bool,
                 state_dtype: Optional[str], sm_count: int, value_split_override: Optional[int] = None,
                 numerics: str = "flashkda") -> SerialPlan:
-    split = value_split_override or value_split(N, H, sm_count,
-                                                REGSTATE_SPLITS if numerics == "flashkda" else VALUE_SPLITS)
+    split = value_split_override or value_split(N, H, sm_count, k2_splits(numerics))
     if split not in VALUE_SPLITS:
         raise ValueError(f"value_split: expected one of {VALUE_SPLITS}, got {split}")
     constants = {

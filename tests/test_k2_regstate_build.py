@@ -47,7 +47,7 @@ def test_regstate_fits_without_a_spill(tmp_path, variant):
     ptx = "\n".join(f.read_text() for f in tmp_path.rglob("*.ptx"))
     if producer_warps(vb) == 4:
         assert (per_subpartition - 1) * MMA_REGS + PRODUCER_REGS <= per_subpartition * allocated, variant.name
-        found = re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx)
-        assert sorted(found) == [("dec", str(PRODUCER_REGS)), ("inc", str(MMA_REGS))], (variant.name, found)
+        trades = re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx)
+        assert sorted(trades) == [("dec", str(PRODUCER_REGS)), ("inc", str(MMA_REGS))], (variant.name, trades)
     else:
         assert "setmaxnreg" not in ptx, variant.name
