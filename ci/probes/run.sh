@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs the CUDA probes on the GPU machine (nvcc, sm_90a), each under a time limit.
 #   bash ci/probes/run.sh [probe ...]      (default: the two K2 step probes)
-# Probes: ctas_per_sm mma_vs_wgmma wgmma_k2_layouts k2_chain_floor k2_wgmma_chain. Logs go to
+# Probes: ctas_per_sm mma_vs_wgmma wgmma_k2_layouts k2_chain_floor k2_wgmma_chain bulk_copy_rate. Logs go to
 # $OUT/probes.md (one section per probe: its ptxas register line and its output); binaries stay in
 # a temporary folder. Exit status 1 when a probe fails to build, times out or exits non-zero
 # (a probe's own exit status says why: see the comment at the top of each .cu).
