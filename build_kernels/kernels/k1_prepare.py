@@ -1,13 +1,15 @@
 """K1 -- per-(tile, head) preparation of the chunked KDA workspace (docs/algorithm.md §3.1, 3.2, 2.4 P1-P8, 4.8).
 
-Grid (cap, H), 256 threads, one CTA per (global tile upper-bound index, head). A CTA binary-searches
-`tile_prefix` for its sequence, exits at once when its tile is past `tile_prefix[N]`, and otherwise
+Grid (cap, H), 256 threads, one CTA per (global tile upper-bound index, head). Each warp finds the CTA's
+sequence in `tile_prefix` (_locate_tile), the CTA exits at once when its tile is past
+`tile_prefix[N]`, and otherwise
 turns the 16 x 128 tile of q, k, g (+ beta, A_log, dt_bias) into the workspace slot
 `s = h*cap + tile` (docs/kernel_abi.md): raw smem images of Qd, Kd, Kr, gamma = 2^G_tot (fp32),
 INV = (I+L)^-1, Mqk, bf(sigma(beta)).
 
 Stages and thread roles (warps w0..w7):
-  0. all:      resolve (sequence, first token, m valid rows); w0 initialises the mbarrier.
+  0. all:      w0 initialises the mbarrier (one CTA barrier); every warp resolves (sequence, first
+               token, m valid rows) by itself.
   1. all:      warp w, one elected lane, issues the 256-byte `cp.async.bulk` G2S copies of token rows
                w and w+8 (if < m) of q, k, g into padded staging rows (rows >= m are never read
                from global memory, so no other sequence's data enters the CTA); w0 arms the
@@ -49,12 +51,16 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64, Uint8, Uint32
 
-from .ptx_ops import f16x2_to_f32x2, f32x2_to_bf16x2
+from .ptx_ops import f16x2_to_f32x2, f32x2_to_bf16x2, ldg_b32
 from .tile_ops import (CHUNK, D, await_previous_grid, bulk_g2s_tensor, bulk_s2g_elected, raw_tile_layout, round_bf16)
 from .tile_prep import (F32_FACTOR_ROW, PAD_ROW, decayed_images, gate_factors, inverse_fragments, l2norm_hat,
                         mqk_words, qk_products, select as _select)
 
 THREADS = 256
+# Five CTAs per SM, set by registers: 48 per thread at most (ptxas would otherwise take 57 for the
+# accurate twin and drop to four). Six (40 registers) spill and measured only 1-2% faster
+# (docs/speed_limits.md, "Thirteenth session").
+CTAS_PER_SM = 5
 ROW_BYTES = D * 2  # one token row of one head, bf16
 TILE_BYTES = CHUNK * D * 2  # one raw image
 
@@ -64,6 +70,45 @@ def _factor_layout(accurate: bool):
     F32_FACTOR_ROW (K1')."""
     row = F32_FACTOR_ROW if accurate else PAD_ROW
     return cute.make_layout((CHUNK, row), stride=(row, 1))
+
+
+@cute.jit
+def _locate_tile(tile: Int32, tile_prefix: Int64, seq_start: Int64, n_seq: Int32, lane: Int32):
+    """(found, first token, valid rows) of global tile `tile`, each warp on its own.
+
+    Lane j of a pass looks at sequence base + j: the tile is that sequence's when
+    tile_prefix[j] <= tile < tile_prefix[j + 1]. That holds for exactly one j < N when
+    tile < tile_prefix[N] (the prefix is non-decreasing from 0, so empty sequences never match)
+    and for none otherwise. The four loads of a pass are independent, so up to 32 sequences cost
+    one round of global latency before the first bulk copy; the binary search this replaces
+    cost log2(N) + 2 dependent rounds."""
+    found = Int32(0)
+    tok0 = Int32(0)
+    m = Int32(0)
+    base = Int32(0)
+    while base < n_seq:
+        j = base + lane
+        jj = cutlass.min(j, n_seq - 1)  # lanes past N repeat the last sequence, in bounds
+        first_tile = ldg_b32(tile_prefix + Int64(jj) * 4)
+        end_tile = ldg_b32(tile_prefix + Int64(jj + 1) * 4)
+        start = ldg_b32(seq_start + Int64(jj) * 4)
+        end = ldg_b32(seq_start + Int64(jj + 1) * 4)
+        # start <= end always holds (the tables are clamped non-decreasing); testing it makes the
+        # vote wait for all four loads, so ptxas cannot sink two of them behind it (a second round).
+        mine = _select(j < n_seq, 1, 0, Int32) & _select(first_tile <= tile, 1, 0, Int32) \
+            & _select(tile < end_tile, 1, 0, Int32) & _select(start <= end, 1, 0, Int32)
+        ballot = cute.arch.vote_ballot_sync(mine != 0)
+        if ballot != 0:
+            src = 31 - cute.arch.clz(ballot)  # the one lane that matched
+            tok = start + CHUNK * (tile - first_tile)
+            rows = _select(end - tok < CHUNK, end - tok, CHUNK, Int32)
+            tok0 = cute.arch.shuffle_sync(tok, src)
+            m = cute.arch.shuffle_sync(rows, src)
+            found = Int32(1)
+            base = n_seq
+        else:
+            base = base + 32
+    return found, tok0, m
 
 
 @cute.kernel
@@ -96,24 +141,12 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
     sKd = cute.make_tensor(sKin.iterator, raw_tile_layout())
     sKr = cute.make_tensor(sGin.iterator, raw_tile_layout())
 
-    mTilePrefix = cute.make_tensor(tile_prefix, cute.make_layout(n_seq + 1))
-    mSeqStart = cute.make_tensor(seq_start, cute.make_layout(n_seq + 1))
-
-    if tile < mTilePrefix[n_seq]:
-        # ---- stage 0: which sequence / rows (largest n with tile_prefix[n] <= tile; skips empty ones)
-        lo = Int32(0)
-        hi = n_seq
-        while hi - lo > 1:
-            mid = (lo + hi) >> 1
-            if mTilePrefix[mid] <= tile:
-                lo = mid
-            else:
-                hi = mid
-        tok0 = mSeqStart[lo] + CHUNK * (tile - mTilePrefix[lo])
-        rows_left = mSeqStart[lo + 1] - tok0
-        m = _select(rows_left < CHUNK, rows_left, CHUNK, Int32)
+    # ---- stage 0: the load barrier, then which sequence / rows. The barrier comes first, so that
+    # no CTA barrier sits between the lookup's one round of loads and the bulk copies; a CTA that
+    # finds no tile (past the last sequence) exits having only initialised it.
+    found, tok0, m = _locate_tile(tile, tile_prefix.toint(), seq_start.toint(), n_seq, lane)
+    if found != 0:
         slot = Int64(head) * Int64(cap) + Int64(tile)
-
         if warp == 0:
             with cute.arch.elect_one():
                 cute.arch.mbarrier_init(mbar, 1)
@@ -252,4 +285,5 @@ def k1_prepare(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
     (K1', docs/numerics.md): the same workspace, the gated operands each rounded once."""
     _k1_kernel(q, k, g, beta, a_log, dt_bias, seq_start, tile_prefix, ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk,
                ws_bsig, n_seq, n_heads, cap, scale, gate_c, accurate).launch(
-        grid=(cap, n_heads, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True)
+        grid=(cap, n_heads, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True,
+        min_blocks_per_mp=CTAS_PER_SM, preferred_smem_carveout=-1)  # -1: compiling needs no GPU
