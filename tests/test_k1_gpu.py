@@ -80,7 +80,10 @@ def _reference_tiles(x, approx, accurate=False):
 
 
 @pytest.mark.parametrize("kernel", ["k1_prepare", "k1_prepare_acc"])
-@pytest.mark.parametrize("shape,H", [((1, 77), 3), ((2, 32), 2), ([1, 15, 16, 17, 0, 100], 2)])
+# The last case has 70 sequences (empty ones among them): each warp's lookup of its tile's
+# sequence (k1_prepare._locate_tile) takes three passes of 32, and most tiles match after the first.
+@pytest.mark.parametrize("shape,H", [((1, 77), 3), ((2, 32), 2), ([1, 15, 16, 17, 0, 100], 2),
+                                     ([(7 * i) % 23 + 16 * (i % 5 == 4) for i in range(70)], 2)])
 def test_k1_workspace_matches_reference(gpu_approx, shape, H, kernel):
     """K1 against the FlashKDA recipe's K1 stage, K1' (numerics="accurate", the gated operands
     rounded once) against the accurate emulation's: every region bit for bit."""
