@@ -123,7 +123,7 @@ def timing(report: Report, iters: int, warmup: int) -> None:
 RECIPES = [("flashkda", "flashkda", None), ("K1' + A1: fp32 state", "accurate", 1),
            ("K1' + A1 + A2 + A5: u unrounded, one output rounding", "accurate", 2),
            ("accurate (K1', A1-A3 and A5: U rounded once)", "accurate", None),
-           ("the same with U as hi + lo in Q4 and Q5 (A4, the fifth session's tile step)", "accurate", 3)]
+           ("the same with U as hi + lo in Q4 and Q5 (A4, the tile step before U was rounded once)", "accurate", 3)]
 
 
 def fla_errors(x, gold):

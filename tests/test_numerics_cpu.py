@@ -1,4 +1,4 @@
-"""numerics="flashkda" | "accurate" on the CPU (issue 19): the argument, the kernels a call picks,
+"""numerics="flashkda" | "accurate" on the CPU: the argument, the kernels a call picks,
 the manifest's variants, and the CPU emulation of both recipes against the float64 gold."""
 
 import os
