@@ -109,10 +109,10 @@ def floor_bytes(H: int, lens: Sequence[int], g_bytes: int = 2) -> int:
     return T * H * (4 * 128 * 2 + 128 * g_bytes + 2) + 2 * N * H * 128 * 128 * 2
 
 
-def to_device(arrays: dict, cache: Optional[dict] = None) -> dict:
+def to_device(arrays: dict, cache: Optional[dict] = None, state: str = "bf16") -> dict:
     """input_classes' NumPy arrays as CUDA tensors: q, k, v, beta bf16, g bf16 or fp32 (its
-    g_dtype), A_log, dt_bias fp32, initial_state bf16; the values are bf16-exact, so nothing is
-    rounded. `cache` (id of a NumPy array -> tensor) shares the tensors of arrays that several
+    g_dtype), A_log, dt_bias fp32, initial_state in `state` ("bf16" or "fp32"); the values of the
+    bf16 ones are bf16-exact, so nothing is rounded. `cache` (id of a NumPy array -> tensor) shares the tensors of arrays that several
     gate forms of one draw have in common. Non-array entries (gate, lower_bound...) pass through."""
     import numpy as np
     import torch
@@ -120,7 +120,8 @@ def to_device(arrays: dict, cache: Optional[dict] = None) -> dict:
     cache = {} if cache is None else cache
     dtypes = dict(q=torch.bfloat16, k=torch.bfloat16, v=torch.bfloat16, beta=torch.bfloat16,
                   g=torch.float32 if arrays.get("g_dtype") == "fp32" else torch.bfloat16,
-                  A_log=torch.float32, dt_bias=torch.float32, initial_state=torch.bfloat16)
+                  A_log=torch.float32, dt_bias=torch.float32,
+                  initial_state={"bf16": torch.bfloat16, "fp32": torch.float32}[state])
     out = {}
     for name, value in arrays.items():
         if not isinstance(value, np.ndarray):
