@@ -37,6 +37,27 @@ def run_pool(lens, H, dtype, cp="off", **kw):
     return result
 
 
+def run_form(lens, H, gate, beta_form="logits", g_scale=1.0, g_fp32=False, beta_fp32=False, **kw):
+    """The general K1 (docs/gate_forms.md): g scaled by g_scale so that, with softplus and A = 16,
+    most tiles are wide (their products formed element by element) and some are not."""
+    x = reference.make_inputs(lens, H, seed=1, device="cuda", state="fp32")
+    g = x["g"].float() * g_scale
+    A_log, dt_bias, lb = x["A_log"], x["dt_bias"], None
+    if gate == "softplus":
+        A_log = torch.full_like(A_log, 2.77)
+    elif gate == "log_decay":
+        g, A_log, dt_bias = -g.abs(), None, None
+    else:
+        lb = -5.0
+    beta = torch.sigmoid(x["beta"].float()) if beta_form == "probs" else x["beta"].float()
+    result = kda_aot.prefill(x["q"], x["k"], x["v"], g.to(torch.float32 if g_fp32 else torch.bfloat16),
+                             beta.to(torch.float32 if beta_fp32 else torch.bfloat16), A_log=A_log, dt_bias=dt_bias,
+                             lower_bound=lb, gate=gate, beta_form=beta_form, initial_state=x["initial_state"],
+                             output_final_state=True, cu_seqlens=x["cu_seqlens"], **kw)
+    torch.cuda.synchronize()
+    return result
+
+
 def with_k2_kernel(kind, case):
     """Runs case with KDA_K2_KERNEL=kind (k2 | regstate): the planner picks the register-state K2 at
     VB=64 and 128 (planner.k2_kernel), so the mma.sync K2 at those blocks runs only when forced."""
@@ -85,6 +106,12 @@ CASES = {
     "pool-cp-fp32": lambda: run_pool([1200, 300], 2, torch.float32, cp=4),
     "checkpoints-serial": lambda: run([300, 17, 130], 2, "fp32", checkpoint_every=64),
     "checkpoints-cp": lambda: run([1200, 300], 2, "bf16", cp=4, checkpoint_every=32),
+    # the general K1: fast tiles only, then mostly wide tiles, both numerics, fp32 g and beta
+    "form-sigmoid-fast": lambda: run_form([300, 17], 2, "sigmoid", "probs"),
+    "form-softplus-wide": lambda: run_form([300, 17], 2, "softplus", g_scale=12.0),
+    "form-logdecay-wide-acc": lambda: run_form([300, 17], 2, "log_decay", "probs", g_scale=40.0, g_fp32=True,
+                                               beta_fp32=True, numerics="accurate"),
+    "form-softplus-wide-cp": lambda: run_form([1200], 2, "softplus", g_scale=12.0, cp=4),
 }
 
 

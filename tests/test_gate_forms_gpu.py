@@ -13,9 +13,12 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
 torch = pytest.importorskip("torch")
 
 D = 128
-TOL = 1.2e-2  # relative RMSE against the float64 gold: the bf16 recipe sits at 5e-3 to 9e-3
-FLA_SLACK = 1.1  # ours <= 1.1 x FLA's error (+ FLOOR) where FLA runs in the same test
-FLOOR = 2e-4
+# Relative RMSE against the float64 gold. numerics="flashkda" keeps FlashKDA's bf16 state between
+# chunks, which costs 1.2-1.5x FLA's error (fp32 state) and up to 1.5e-2 on long-memory gates;
+# numerics="accurate" is held to FLA's error on the same inputs.
+TOL = {"flashkda": 2e-2, "accurate": 1e-2}
+FLA_SLACK = 1.05  # accurate <= 1.05 x FLA's error (+ FLOOR) where FLA runs in the same test
+FLOOR = 1e-4
 
 
 def _kimi_gate_params(H, gen):
@@ -106,15 +109,15 @@ def fla_errors(case, o64, s64):
     return reference.rel_rmse(o, o64), reference.rel_rmse(s, s64)
 
 
-def check_against_gold(case, o, s, o64, s64, what):
+def check_against_gold(case, o, s, o64, s64, what, numerics, fla):
     from kda_aot import reference
 
     eo, es = reference.rel_rmse(o, o64), reference.rel_rmse(s, s64)
     assert torch.isfinite(o.float()).all() and torch.isfinite(s.float()).all(), what
-    fla = fla_errors(case, o64, s64)
-    print(f"{what}: output {eo:.3e} state {es:.3e}" + ("" if fla is None else f" | FLA {fla[0]:.3e} {fla[1]:.3e}"))
-    assert eo < TOL and es < TOL, (what, eo, es)
-    if fla is not None:
+    print(f"{what} {numerics}: output {eo:.3e} state {es:.3e}" +
+          ("" if fla is None else f" | FLA {fla[0]:.3e} {fla[1]:.3e} | ratio {eo / fla[0]:.2f} {es / fla[1]:.2f}"))
+    assert eo < TOL[numerics] and es < TOL[numerics], (what, numerics, eo, es)
+    if fla is not None and numerics == "accurate":
         assert eo <= FLA_SLACK * fla[0] + FLOOR, (what, "output", eo, fla[0])
         assert es <= FLA_SLACK * fla[1] + FLOOR, (what, "state", es, fla[1])
     return eo, es
@@ -139,9 +142,10 @@ def test_form_against_gold_serial_and_cp(form, cls):
     gate, beta_form, neg, g_fp32, beta_fp32 = form
     case = make_case(cls, gate, beta_form, [1500, 2600], 4, neg=neg, g_fp32=g_fp32, beta_fp32=beta_fp32)
     o64, s64 = gold(case)
-    for numerics in ("flashkda", "accurate"):
+    fla = fla_errors(case, o64, s64)
+    for numerics in ("accurate", "flashkda"):
         o, s = run(case, cp="off", numerics=numerics)
-        eo, es = check_against_gold(case, o, s, o64, s64, f"{form} {cls} {numerics} serial")
+        eo, es = check_against_gold(case, o, s, o64, s64, f"{form} {cls} serial", numerics, fla)
         oc, sc = run(case, cp=4, numerics=numerics)
         ec, esc = reference.rel_rmse(oc, o64), reference.rel_rmse(sc, s64)
         print(f"  CP: output {ec:.3e} state {esc:.3e}")
@@ -174,9 +178,10 @@ def test_extreme_finite_gates_stay_finite_and_accurate(gate, g_fp32):
         logd = torch.where(torch.rand(shape, generator=gen, device="cuda") < 0.5, logd * 1e-3, logd).clamp(max=0.0)
         case["g"] = logd.to(torch.float32 if g_fp32 else torch.bfloat16)
     o64, s64 = gold(case)
-    for numerics in ("flashkda", "accurate"):
+    fla = fla_errors(case, o64, s64)
+    for numerics in ("accurate", "flashkda"):
         o, s = run(case, cp="off", numerics=numerics)
-        check_against_gold(case, o, s, o64, s64, f"extreme {gate} {numerics}")
+        check_against_gold(case, o, s, o64, s64, f"extreme {gate}", numerics, fla)
 
 
 def test_state_pool_with_the_softplus_gate_matches_states_in_and_out():
