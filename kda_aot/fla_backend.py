@@ -33,7 +33,7 @@ from typing import Any, Optional, Tuple
 import torch
 
 from .abi_constants import D
-from .fla_compat import KNOWN_KWARGS, PARAM_DTYPES, check_tensors, chunk_kda, fla_forms
+from .fla_compat import KNOWN_KWARGS, PARAM_DTYPES, check_tensors, fla_forms, run
 
 ENV_VAR = "FLA_KDA_AOT"
 BACKEND_TYPE = "kda_aot"
@@ -85,8 +85,16 @@ def _backend_class(BaseBackend: type) -> type:
         def chunk_kda_verifier(self, *args, **kwargs) -> Tuple[bool, Optional[str]]:
             return verify(*args, **kwargs)
 
-        def chunk_kda(self, *args, **kwargs):
-            return chunk_kda(*args, **kwargs)
+        def chunk_kda(self, q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                      use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+                      allow_neg_eigval=False, safe_gate=False, lower_bound=None, disable_recompute=False,
+                      return_intermediate_states=False, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
+                      cp_context=None, use_graph=False, max_num_seqs=None, **kwargs):
+            # kda_aot.torch.chunk_kda without its dtype checks: FLA calls this right after the verifier
+            return run(False, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                       use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound,
+                       return_intermediate_states, state_v_first, cu_seqlens, cu_seqlens_cpu, cp_context,
+                       max_num_seqs, kwargs)
 
     return KdaAotBackend
 
@@ -135,10 +143,10 @@ def verify(q: Any, k: Any, v: Any, g: Any, beta: Any, scale: Optional[float] = N
     FLA's signature, so FLA's dispatcher passes its arguments as the caller gave them."""
     if torch.is_grad_enabled():
         return False, "kda-aot has no backward: it runs under torch.no_grad() or torch.inference_mode() only"
-    unknown = [name for name in kwargs if name not in KNOWN_KWARGS and name != "transpose_state_layout"]
-    if unknown:
-        return False, f"{', '.join(sorted(unknown))}: not an option kda-aot's chunk_kda supports"
-    if kwargs.get("chunk_size", 64) not in (32, 64):
+    if not KNOWN_KWARGS.issuperset(kwargs):
+        unknown = sorted(set(kwargs) - KNOWN_KWARGS)
+        return False, f"{', '.join(unknown)}: not an option kda-aot's chunk_kda supports"
+    if "chunk_size" in kwargs and kwargs["chunk_size"] not in (32, 64):
         return False, "chunk_size: must be 32 or 64"
     try:
         gate, _, A_log, dt_bias, _ = fla_forms(
@@ -152,9 +160,9 @@ def verify(q: Any, k: Any, v: Any, g: Any, beta: Any, scale: Optional[float] = N
     except (NotImplementedError, ValueError) as exc:
         return False, str(exc)
     H = q.shape[2]
-    if A_log is not None and (tuple(A_log.shape) != (H,) or A_log.dtype not in PARAM_DTYPES):
+    if A_log is not None and (A_log.shape != (H,) or A_log.dtype not in PARAM_DTYPES):
         return False, f"A_log: kda-aot takes [H] fp32, bf16 or fp16, got {tuple(A_log.shape)} {A_log.dtype}"
-    if dt_bias is not None and (tuple(dt_bias.shape) not in ((H * D,), (H, D)) or dt_bias.dtype not in PARAM_DTYPES):
+    if dt_bias is not None and (dt_bias.shape not in ((H * D,), (H, D)) or dt_bias.dtype not in PARAM_DTYPES):
         return False, (f"dt_bias: kda-aot takes [H*128] or [H, 128] fp32, bf16 or fp16, got {tuple(dt_bias.shape)} "
                        f"{dt_bias.dtype}")
     if max_num_seqs is not None and cu_seqlens is not None and max_num_seqs != cu_seqlens.shape[0] - 1:
