@@ -17,17 +17,7 @@ from kda_aot import reference
 D = 128
 
 
-def gold(q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, initial_state, cu_seqlens, gate="safe",
-         beta_form="logits", allow_neg_eigval=False):
-    """reference.gold_prefill with kda_aot.prefill's meaning of lower_bound=None (-5 for the bounded
-    gates). FlashKDA's form goes through the reference's positional signature alone."""
-    if lower_bound is None and gate in ("safe", "sigmoid"):
-        lower_bound = -5.0
-    forms = dict(gate=gate, beta_form=beta_form, allow_neg_eigval=allow_neg_eigval)
-    if forms == dict(gate="safe", beta_form="logits", allow_neg_eigval=False):
-        forms = {}
-    return reference.gold_prefill(q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, initial_state, cu_seqlens,
-                                  **forms)
+gold = reference.gold_prefill  # the float64 recurrence, every gate and beta form
 
 
 class StandIn:
