@@ -96,14 +96,39 @@ def _k1() -> List[Variant]:
     args = (ptr("q", "bfloat16"), ptr("k", "bfloat16"), ptr("g", "bfloat16"), ptr("beta", "bfloat16", 2),
             ptr("a_log", "float32", 4), ptr("dt_bias", "float32", 16)) + SEQ_ARGS + WORKSPACE_ARGS + SIZE_ARGS + (
             scalar("scale", "f32"), scalar("gate_c", "f32"), STREAM)
-    return [Variant("k1_prepare", "k1_prepare", "k1_prepare", args, constants=(("accurate", False),))]
+    return [Variant("k1_prepare", "k1_prepare", "k1_prepare", args,
+                    constants=(("accurate", False), ("gate_form", 0), ("beta_form", 0), ("g_fp32", False)))]
+
+
+# The general K1 (docs/gate_forms.md): every gate and beta form that is not FlashKDA's configuration.
+# Names k1x_<gate>_<beta>[_acc] (kda_aot/gate_forms.k1_kernel spells the same); the codes are
+# build_kernels/kernels/tile_prep.py's GATE_* and BETA_*.
+K1X_GATES = {"sigmoid": (1, "bfloat16"), "softplus": (2, "bfloat16"), "logdecay_bf16": (3, "bfloat16"),
+             "logdecay_f32": (3, "float32")}
+K1X_BETAS = {"logits": 0, "logits2": 1, "probs": 2}
+
+
+def _k1_general(accurate: bool) -> List[Variant]:
+    base = _k1()[0]
+    variants = []
+    for gate, (gate_code, g_dtype) in K1X_GATES.items():
+        for beta, beta_code in K1X_BETAS.items():
+            for beta_dtype, tag in (("bfloat16", "bf16"), ("float32", "f32")):
+                args = tuple(ptr("g", g_dtype) if a.name == "g" else
+                             ptr("beta", beta_dtype, 2 if beta_dtype == "bfloat16" else 4) if a.name == "beta" else a
+                             for a in base.args)
+                variants.append(dataclasses.replace(
+                    base, name=f"k1x_{gate}_{beta}_{tag}{_acc(accurate)}", args=args,
+                    constants=(("accurate", accurate), ("gate_form", gate_code), ("beta_form", beta_code),
+                               ("g_fp32", g_dtype == "float32"))))
+    return variants
 
 
 def _k1_accurate() -> List[Variant]:
     """K1' of numerics="accurate" (docs/numerics.md): the same arguments and workspace, the gated
     operands Qd, Kd, Ki, Kr each rounded once to bf16 from fp32 decay factors."""
     base = _k1()[0]
-    return [dataclasses.replace(base, name="k1_prepare_acc", constants=(("accurate", True),))]
+    return [dataclasses.replace(base, name="k1_prepare_acc", constants=(("accurate", True),) + base.constants[1:])]
 
 
 # (has_initial, has_final) pairs; the state dtype matters only when one of them is present.
@@ -287,8 +312,10 @@ FAMILIES = {"seq_tables": _seq_tables, "k1": _k1, "k2": _k2, "approx": _approx, 
             "k2_accurate": lambda: _k2(True), "k2_segments_accurate": lambda: _k2_segments(True),
             "cp_pre_scan_accurate": lambda: _cp_pre_scan(True), "k2_ablation": _k2_ablation,
             "k1_accurate": _k1_accurate,
-            # the register-state K2 last
-            "k2_regstate": _k2_regstate}
+            # the register-state K2
+            "k2_regstate": _k2_regstate,
+            # the general K1 of every other gate and beta form last
+            "k1_general": lambda: _k1_general(False), "k1_general_accurate": lambda: _k1_general(True)}
 
 
 def all_variants() -> List[Variant]:

@@ -1,4 +1,4 @@
-"""Cross-GPU context parallelism on real ranks (issue 16): correctness against single-GPU prefill
+"""Cross-GPU context parallelism on real ranks: correctness against single-GPU prefill
 and timings, for `torchrun --nproc-per-node N` (NCCL, one GPU per rank) or a one-GPU smoke run
 (gloo, every rank on cuda:0). ci/distributed_run.sh is the wrapper with the timeouts.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Cross-GPU context parallelism on real ranks (issue 16), against a built wheel:
+# Cross-GPU context parallelism on real ranks, against a built wheel:
 #   KDA_NPROC=2 bash ci/distributed_run.sh path/to/kda_aot-*.whl [ci/distributed_run.py args...]
 # NCCL with one GPU per rank by default; a one-GPU smoke run:
 #   KDA_NPROC=2 bash ci/distributed_run.sh WHEEL --backend gloo --same-device --heads 8 --iters 3

@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # Benchmark and per-kernel profile of a built wheel on a GPU machine.
 #   bash ci/gpu_bench.sh [path/to/kda_aot-*.whl] [extra `python -m kda_aot.bench` args...]
-# Writes bench.md and profile.txt under $OUT; each step is time-bounded (a hang still leaves logs).
+# Writes bench.md, bench.json and profile.txt under $OUT; each step is time-bounded (a hang still
+# leaves logs). The peers run when importable (carried wheels in .whl/; FlashKDA on PYTHONPATH).
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 shift || true
+# cuDNN's Hopper KDA engine compiles its kernel with NVRTC and needs the toolkit's headers.
+if [[ -z ${CUDA_HOME:-} ]] && command -v nvcc >/dev/null; then
+  CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+  export CUDA_HOME
+fi
 timeout --signal=KILL "${KDA_BENCH_TIMEOUT:-400}" python3 -m kda_aot.bench --md "$OUT/bench.md" --json "$OUT/bench.json" --png "$OUT/bench.png" "$@" 2>&1 | tee "$OUT/bench.log"
 status=${PIPESTATUS[0]}
 # Where the time of the CP shapes goes (device time per kernel); KDA_SKIP_PROFILE=1 skips it.

@@ -1,11 +1,15 @@
 """numerics="flashkda" | "accurate" on the GPU: error against float64 beside FLA's chunk_kda, and time.
 
-    python3 ci/numerics_table.py [--out DIR] [--lengths 2048 8192 32768] [--no-fla] [--iters 30]
+    python3 ci/numerics_table.py [--out DIR] [--lengths 2048 8192 32768] [--class-lengths 8192] [--no-fla]
+                                 [--iters 30] [--skip-timing] [--skip-ablation] [--skip-classes]
 
 Writes DIR/numerics_table.md (and .json) as it goes, so a run cut short keeps what it measured:
 1. time per call of both modes (kernels mode of kda_aot.bench: given outputs, host lengths,
    cp="auto", median of CUDA events) on the benchmark shapes;
-2. relative RMSE of output and final state against reference.gold_prefill (float64, per token, on
+2. relative RMSE of output and final state against float64 per input class of
+   kda_aot/input_classes.py (random, model, long, heavy, logdecay) and gate form (safe, softplus,
+   log_decay with an fp32 g), H=2, one sequence, fp32 initial state, serial and cp="on", both
+   modes, FLA beside them; then against reference.gold_prefill (float64, per token, on
    the GPU) for H=2, one sequence of each length, fp32 initial state, per input class (short
    memory, long memory g ~ N(-8, 1), weak decay lower_bound=-0.05), serial and cp="on", both
    modes; then FLA 0.6.0 chunk_kda (fp32 state, FlashKDA's flags) on the same inputs, when
@@ -31,13 +35,17 @@ TIMING = [(64, [8192]), (64, [1300, 547, 2048, 963, 271, 3063]), (64, [1024] * 8
           (96, [1300, 547, 2048, 963, 271, 3063]), (96, [1024] * 8), (4, [8192]), (4, [16384])]
 SPLITS = (1, 2, 4)  # K2 value splits timed per mode on the serial rows (the split rule was tuned on flashkda)
 MODES = ("flashkda", "accurate")
+# (input class, gate form) of the per-class accuracy table: every form for the classes that model a
+# layer's gates, the outlier and log-decay classes in the form they exist for.
+CLASS_FORMS = [(c, f) for c in ("random", "model", "long") for f in ("safe", "softplus", "log_decay")] + [
+    ("heavy", "safe"), ("logdecay", "log_decay")]
 
 
 class Report:
     def __init__(self, out_dir: str):
         self.md_path = os.path.join(out_dir, "numerics_table.md")
         self.json_path = os.path.join(out_dir, "numerics_table.json")
-        self.timing, self.accuracy, self.ablation = [], [], []
+        self.timing, self.accuracy, self.ablation, self.classes = [], [], [], []
 
     def write(self):
         lines = ["## time per call (ms, median of CUDA events; bf16 states unless fp32 is named)", "",
@@ -55,6 +63,14 @@ class Report:
                 lines.append(f"| {r['H']} | {r['shape']} | " + " | ".join(
                     f"{r[f'{m} split {s}']:.3f}" for m in MODES for s in SPLITS)
                     + f" | {best['accurate'] / best['flashkda']:.3f} |")
+        if self.classes:
+            lines += ["", "## relative RMSE against float64 per input class and gate form, output / final state "
+                      "(H=2, one sequence, fp32 h0)", "",
+                      "| input class | gate | T | flashkda serial | flashkda cp=on | accurate serial | accurate cp=on "
+                      "| FLA chunk_kda |", "|---|---|---|---|---|---|---|---|"]
+            for r in self.classes:
+                cells = [_pair(r.get(k)) for k in ("flashkda/off", "flashkda/on", "accurate/off", "accurate/on", "fla")]
+                lines.append(f"| {r['class']} | {r['gate']} | {r['T']} | " + " | ".join(cells) + " |")
         lines += ["", "## relative RMSE against float64, output / final state (H=2, one sequence, fp32 h0)", "",
                   "| input class | T | flashkda serial | flashkda cp=on | accurate serial | accurate cp=on | FLA chunk_kda |",
                   "|---|---|---|---|---|---|---|"]
@@ -76,7 +92,8 @@ class Report:
         with open(self.md_path, "w") as f:
             f.write(text)
         with open(self.json_path, "w") as f:
-            json.dump({"timing": self.timing, "accuracy": self.accuracy, "ablation": self.ablation}, f, indent=1)
+            json.dump({"timing": self.timing, "accuracy": self.accuracy, "ablation": self.ablation,
+                       "classes": self.classes}, f, indent=1)
         return text
 
 
@@ -123,7 +140,7 @@ def timing(report: Report, iters: int, warmup: int) -> None:
 RECIPES = [("flashkda", "flashkda", None), ("K1' + A1: fp32 state", "accurate", 1),
            ("K1' + A1 + A2 + A5: u unrounded, one output rounding", "accurate", 2),
            ("accurate (K1', A1-A3 and A5: U rounded once)", "accurate", None),
-           ("the same with U as hi + lo in Q4 and Q5 (A4, the fifth session's tile step)", "accurate", 3)]
+           ("the same with U as hi + lo in Q4 and Q5 (A4, the tile step before U was rounded once)", "accurate", 3)]
 
 
 def fla_errors(x, gold):
@@ -235,6 +252,43 @@ def accuracy(report: Report, lengths, fla: bool) -> None:
         print(row["class"], row["T"], "FLA", row["fla"], f"({time.perf_counter() - t0:.1f} s)", flush=True)
 
 
+def class_accuracy(report: Report, lengths, fla: bool) -> None:
+    """Error against float64 per (input class, gate form) of CLASS_FORMS, both modes, serial and
+    cp="on", then FLA on the same inputs (last: Triton autotunes on its first call)."""
+    import torch
+
+    import kda_aot
+    from kda_aot import bench, input_classes
+
+    cases = []
+    for cls, form in CLASS_FORMS:
+        for T in lengths:
+            x = bench.to_device(input_classes.make_class_inputs(cls, 1, T, 2, gate=form, seed=7, state="fp32"),
+                                state="fp32")
+            cu = torch.tensor([0, T], dtype=torch.int32, device="cuda")
+            gold = bench.gold_of(x, cu)
+            row = {"class": cls, "gate": form, "T": T}
+            for mode in MODES:
+                for cp in ("off", "on"):
+                    o, s = kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], **bench.gate_kwargs(x),
+                                           initial_state=x["initial_state"], output_final_state=True, cu_seqlens=cu,
+                                           seq_lens=[T], cp=cp, numerics=mode)
+                    row[f"{mode}/{cp}"] = bench.errors((o, s), gold)
+            report.classes.append(row)
+            cases.append((row, x, cu, gold))
+            report.write()
+            print(row, flush=True)
+    if not fla:
+        return
+    for row, x, cu, gold in cases:
+        run = bench.fla_runner(x, cu, 2)
+        if run is None:  # not importable, or this gate form not comparable (fla_runner said why)
+            continue
+        row["fla"] = bench.errors(run(), gold)
+        report.write()
+        print(row["class"], row["gate"], row["T"], "FLA", row["fla"], flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -244,6 +298,9 @@ def main(argv=None) -> int:
     parser.add_argument("--no-fla", action="store_true")
     parser.add_argument("--skip-timing", action="store_true")
     parser.add_argument("--skip-ablation", action="store_true")
+    parser.add_argument("--skip-classes", action="store_true", help="skip the per-class, per-gate-form accuracy table")
+    parser.add_argument("--class-lengths", type=int, nargs="*", default=[8192],
+                        help="lengths of the per-class accuracy rows (H=2, one sequence)")
     parser.add_argument("--ablation-lengths", type=int, nargs="*", default=[8192],
                         help="lengths of the ablation's error rows (H=2, one sequence)")
     args = parser.parse_args(argv)
@@ -253,6 +310,8 @@ def main(argv=None) -> int:
         timing(report, args.iters, args.warmup)
     if not args.skip_ablation:
         ablation(report, args.iters, args.warmup, args.ablation_lengths, not args.no_fla)
+    if not args.skip_classes:
+        class_accuracy(report, args.class_lengths, not args.no_fla)
     accuracy(report, args.lengths, not args.no_fla)
     print(report.write())
     return 0

@@ -63,19 +63,64 @@ venv_ensure_torch() {
   fi
 }
 
+# What an install of this tree depends on, as one hash: the content of every file git tracks or
+# would track (untracked files that .gitignore does not exclude), the build's environment
+# variables and the venv's Python. Empty outside a git checkout (an unpacked sdist), where every
+# call installs.
+_tree_fingerprint() {
+  git -C "$REPO" rev-parse --is-inside-work-tree >/dev/null 2>&1 || return 0
+  {
+    printf 'flavour=%s cache=%s\n' "${KDA_CUDA_FLAVOUR:-}" "${KDA_BUILD_CACHE:-}"
+    "$PY" -c 'import sys; print(sys.version)'
+    # A tracked file deleted in the work tree is listed but unreadable: its absence is part of
+    # the tree's state, so it is hashed as missing rather than failing the pipeline.
+    git -C "$REPO" ls-files -z -co --exclude-standard | while IFS= read -r -d '' f; do
+      if [[ -f "$REPO/$f" ]]; then printf '%s ' "$f"; sha1sum < "$REPO/$f"; else printf '%s missing\n' "$f"; fi
+    done
+  } | sha1sum | cut -d' ' -f1
+}
+
+# Records which installs this venv holds for which tree: line 1 the tree's fingerprint, then one
+# line per argument list installed from that tree. ci/demo.sh and ci/test.sh install different
+# lists (".", ".[test] ..."), so a run of one does not undo the other's.
+INSTALL_STATE="$VENV/kda-install.state"
+
 # pip install of this source tree (plus any extra requirements), which compiles the kernels.
+# Skipped when this venv already holds the same install of the same tree (a warm demo spent 14 s
+# in a reinstall that changed nothing); KDA_REINSTALL=1 forces it.
 # pip hides a build's output unless -v; -v shows everything, so its output goes to INSTALL_LOG and
-# the terminal gets build_kernels' one line per kernel (it prints them with flush=True as each
-# kernel finishes) and the CMake status lines. On failure the log's tail is shown.
+# the terminal gets build_kernels' lines (one summary line for a build served from the cache, one
+# line per kernel compiled otherwise) and the CMake status lines. On failure the log's tail is shown.
 venv_install_package() {
+  local fingerprint wanted="$*"
+  fingerprint=$(_tree_fingerprint)
+  if [[ -n $fingerprint && ${KDA_REINSTALL:-0} != 1 && -f $INSTALL_STATE ]] \
+     && [[ $(head -n 1 "$INSTALL_STATE") == "$fingerprint" ]] \
+     && tail -n +2 "$INSTALL_STATE" | grep -qxF -- "$wanted" \
+     && "$PY" -c "import kda_aot" 2>/dev/null; then
+    say "the venv already holds $wanted from this tree (unchanged since; KDA_REINSTALL=1 reinstalls)"
+    return 0
+  fi
   say "installing $* into the venv: compiling the kernels (about a second each, cached in" \
       "${KDA_BUILD_CACHE:-$HOME/.cache/kda-aot-build}); full log in $INSTALL_LOG"
   local t0=$SECONDS
+  # Set aside, not kept: an interrupted install must not look finished.
+  mv -f "$INSTALL_STATE" "$INSTALL_STATE.prev" 2>/dev/null || true
   if ! "$PY" -m pip install -v --disable-pip-version-check "$@" 2>&1 | tee "$INSTALL_LOG" \
        | { grep --line-buffered -E '\[build_kernels\]|-- kda-aot:|^Successfully installed' || true; }; then
     say "pip install failed; the end of $INSTALL_LOG:"
     tail -n 40 "$INSTALL_LOG" | _pip_noise
     return 1
   fi
+  if [[ -n $fingerprint ]]; then
+    # Written after the install, from the fingerprint taken before it: an edit made while pip
+    # ran makes the next call reinstall.
+    if [[ -f $INSTALL_STATE.prev && $(head -n 1 "$INSTALL_STATE.prev") == "$fingerprint" ]]; then
+      { cat "$INSTALL_STATE.prev"; printf '%s\n' "$wanted"; } > "$INSTALL_STATE"
+    else
+      printf '%s\n%s\n' "$fingerprint" "$wanted" > "$INSTALL_STATE"
+    fi
+  fi
+  rm -f "$INSTALL_STATE.prev"
   say "installed in $((SECONDS - t0)) s"
 }

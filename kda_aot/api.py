@@ -48,19 +48,27 @@ _PLANS_LOCK = threading.Lock()
 _PLANS_MAX = 512
 
 
-def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: Any, lower_bound: float = -5.0,
+def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any = None, dt_bias: Any = None,
+            lower_bound: Optional[float] = None,
             scale: Optional[float] = None, initial_state: Any = None, output_final_state: bool = False,
             cu_seqlens: Any = None, cp: Union[str, int] = "auto", out: Any = None, final_state: Any = None,
             stream: Any = None, seq_lens: Optional[Sequence[int]] = None, cu_seqlens_cpu: Any = None,
             workspace: Any = None, validate: str = "device", value_split: Optional[int] = None,
             state_pool: Any = None, state_indices: Any = None, checkpoint_every: Optional[int] = None,
             checkpoints: Any = None, checkpoint_index: Any = None, state_indices_cpu: Any = None,
-            numerics: str = "flashkda") -> Tuple[Any, ...]:
+            numerics: str = "flashkda", gate: str = "safe", beta_form: str = "logits",
+            allow_neg_eigval: bool = False) -> Tuple[Any, ...]:
     """KDA prefill (docs/api.md): returns (o, final_state or None), and a third element,
     Checkpoints(states, index), when checkpoint_every is given.
 
     q, k, v, g: bf16 [B, T, H, 128]; beta: bf16 logits [B, T, H]; A_log fp32 [H]; dt_bias fp32
     [H, 128] (or [H*128]); initial_state / final_state: [N, H, 128 (V), 128 (K)] bf16 or fp32.
+    `gate` (docs/gate_forms.md): "safe" (default, FlashKDA's lower_bound * sigmoid(exp(A_log) *
+    (g + dt_bias)) with lower_bound in [-5, 0), None meaning -5), "sigmoid" (the same formula for
+    any negative bound, A_log and dt_bias optional), "softplus" (-exp(A_log) * softplus(g +
+    dt_bias), no lower bound) or "log_decay" (g is the caller's log-decay, bf16 or fp32; no A_log,
+    dt_bias or lower bound). `beta_form`: "logits" (sigmoid inside; 2 sigmoid with
+    allow_neg_eigval=True) or "probs" (used as given); beta bf16 or fp32.
     Packed varlen: B == 1 and cu_seqlens int32/int64 [N + 1] on the device; its values are not read
     on the host (the kernels clamp bad ones, docs/kernel_abi.md) unless validate="host", which
     copies them back (a synchronisation) and checks them. `seq_lens` (host lengths) or
@@ -120,8 +128,10 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
             _read_back_indices(torch, state_indices, state_pool, stream)
     # a torch tensor's signature holds its contiguity only: the pool's slot stride joins the key
     pool_stride = state_pool.stride() if intake is not None and state_pool is not None else None
+    form = (gate, beta_form, allow_neg_eigval)
     options = (type(lower_bound), lower_bound, type(scale), scale, bool(output_final_state), type(cp), cp,
-               hint, value_split, type(checkpoint_every), checkpoint_every, pool_stride, type(numerics), numerics)
+               hint, value_split, type(checkpoint_every), checkpoint_every, pool_stride, type(numerics), numerics,
+               tuple(type(x) for x in form), form)
     try:
         key = (sig, options)
         plan = _PLANS.get(key)
@@ -130,7 +140,7 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
     if plan is None:
         descs = descs or _describe_all(tensors)
         plan = _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split, checkpoint_every,
-                           numerics)
+                           numerics, form)
         if key is not None:
             _remember(key, plan)
     try:
@@ -138,7 +148,7 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: A
     except UnsafePointers:
         descs = descs or _describe_all(tensors)
         _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split,
-                    checkpoint_every, numerics)  # raises, naming it
+                    checkpoint_every, numerics, form)  # raises, naming it
         if descs[-1] is not None:  # the wall does not know the workspace: it overlaps something
             raise ValueError("workspace: overlaps an input or output of the call; pass a separate buffer")
         raise KdaError("internal error: a pointer check failed that the validation wall accepts")
@@ -343,7 +353,7 @@ def read_device_array(desc: TensorDesc, stream: int) -> np.ndarray:
 # plans
 
 def _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split,
-                checkpoint_every=None, numerics="flashkda") -> CallPlan:
+                checkpoint_every=None, numerics="flashkda", form=("safe", "logits", False)) -> CallPlan:
     """The whole wall on this call's descriptions, then the plan (raises naming the argument)."""
     t = dict(zip(_TENSOR_ARGS, descs))
     problem = validate_prefill(q=t["q"], k=t["k"], v=t["v"], g=t["g"], beta=t["beta"], A_log=t["A_log"],
@@ -351,7 +361,8 @@ def _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_s
                                initial_state=t["initial_state"], final_state=t["final_state"],
                                cu_seqlens=t["cu_seqlens"], out=t["out"], cp=cp, state_pool=t["state_pool"],
                                state_indices=t["state_indices"], checkpoint_every=checkpoint_every,
-                               checkpoints=t["checkpoints"], checkpoint_index=t["checkpoint_index"], numerics=numerics)
+                               checkpoints=t["checkpoints"], checkpoint_index=t["checkpoint_index"], numerics=numerics,
+                               gate=form[0], beta_form=form[1], allow_neg_eigval=form[2])
     if problem.checkpoint_every and problem.state_dtype is None:
         import dataclasses
 
@@ -465,14 +476,16 @@ def _allocate(torch, q, plan: CallPlan, out, final_state, workspace, handle: int
 # ---------------------------------------------------------------------------------------------
 # workspace queries, caches, info
 
-def workspace_size(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_bias: Any, lower_bound: float = -5.0,
+def workspace_size(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any = None, dt_bias: Any = None,
+                   lower_bound: Optional[float] = None,
                    scale: Optional[float] = None, initial_state: Any = None, output_final_state: bool = False,
                    cu_seqlens: Any = None, cp: Union[str, int] = "auto", out: Any = None, final_state: Any = None,
                    seq_lens: Optional[Sequence[int]] = None, cu_seqlens_cpu: Any = None,
                    value_split: Optional[int] = None, stream: Any = None, workspace: Any = None,
                    validate: str = "device", state_pool: Any = None, state_indices: Any = None,
                    checkpoint_every: Optional[int] = None, checkpoints: Any = None, checkpoint_index: Any = None,
-                   state_indices_cpu: Any = None, numerics: str = "flashkda") -> int:
+                   state_indices_cpu: Any = None, numerics: str = "flashkda", gate: str = "safe",
+                   beta_form: str = "logits", allow_neg_eigval: bool = False) -> int:
     """Bytes of `workspace=` that prefill needs for these arguments (validated as prefill would).
     `stream`, `workspace`, `validate` and `state_indices_cpu` are accepted so that prefill's own
     keyword arguments can be passed unchanged; they do not change the size (nor does `numerics`, which is checked)."""
@@ -488,7 +501,7 @@ def workspace_size(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any, dt_
         raise ValueError("state_pool: cannot be combined with output_final_state; the final states are written "
                          "back into the pool at state_indices")
     return _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split,
-                       checkpoint_every, numerics).workspace_bytes
+                       checkpoint_every, numerics, (gate, beta_form, allow_neg_eigval)).workspace_bytes
 
 
 def workspace_size_for(T: int, H: int, *, N: int = 1, varlen: bool = False, cu_dtype: str = "int32",

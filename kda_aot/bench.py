@@ -1,24 +1,33 @@
-"""Benchmark: kda_aot.prefill against the memory floor and, when importable, FLA's chunk_kda and
-FlashKDA (`flash_kda`, built from its public source; its output is checked bit for bit against ours).
+"""Benchmark: kda_aot.prefill against the memory floor and, when importable, the Hopper peers: FLA's
+chunk_kda, FlashKDA (`flash_kda`, built from its public source; its output is checked bit for bit
+against ours) and cuDNN's Hopper KDA engine (through flashinfer's cuDNN path).
 
-    python -m kda_aot.bench [--suite serial|cp|large|all] [--iters 100] [--warmup 20] [--md FILE] [--accurate]
+    python -m kda_aot.bench [--suite peers|serial|cp|large|all] [--gates model random long]
+                            [--gate-forms safe softplus log_decay] [--iters 100] [--warmup 20]
+                            [--json FILE [--json-append]] [--md FILE] [--accurate] [--no-accuracy]
                             [--value-split S ...] [--k2-kernel k2|regstate ...]
 
-Method (docs/benchmarks.md; inputs of docs/algorithm.md §5.2): random inputs (q, k, v, g, beta ~ N(0,1) bf16, A_log and
-dt_bias ~ U(0,1), lower_bound -5), bf16 initial and final state, median of `iters` CUDA-event
-timings after `warmup` calls. The memory floor is the bytes prefill must move (q, k, v, g, out,
-beta, states) over the device-to-device copy bandwidth measured in the same run. Needs torch and a
-Hopper GPU.
+Method (docs/benchmarks.md): each shape runs on the input classes of kda_aot/input_classes.py named
+by --gates ("model": A_log and dt_bias as FLA's KimiDeltaAttention initialises them, long memory;
+"random": N(0, 1) gates that forget within tens of tokens; "long": g ~ N(-8, 1)), in each gate form
+of --gate-forms ("safe": the bounded sigmoid gate; "softplus"; "log_decay": the safe gate's
+log-decays given as an fp32 g), bf16 initial and final state, median of `iters` CUDA-event timings
+after `warmup` calls. The memory floor is the bytes prefill must move (q, k, v, g, out, beta,
+states) over the device-to-device copy bandwidth measured in the same run. Accuracy: relative RMSE
+of the output and final state against the float64 gold (kda_aot.reference.gold_prefill). Needs
+torch and a Hopper GPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import statistics
 import sys
-from typing import Callable, List, Sequence
+import time
+from typing import Callable, List, Optional, Sequence
 
 from . import planner
 
@@ -26,6 +35,14 @@ SERIAL_SUITE = [(H, lens) for H in (64, 96) for lens in ([8192], [1300, 547, 204
 CP_SUITE = [(H, lens) for H in (4, 8) for lens in ([8192], [8192, 2048], [16384])]
 # The two large rows of the speed issue (about 0.64 ms of memory floor each).
 LARGE_SUITE = [(32, [4096] * 16), (64, [32768])]
+UNEVEN6 = [1300, 547, 2048, 963, 271, 3063]
+# Hopper peers: the shapes where the cuDNN engine's truncated warm-up pays most and least.
+PEERS_SUITE = [(4, [16384]), (8, [8192]), (8, [6000, 2192]), (12, [32768]), (48, [8192]), (64, [8192]),
+               (64, UNEVEN6)]
+SUITES = {"peers": PEERS_SUITE, "serial": SERIAL_SUITE, "cp": CP_SUITE, "large": LARGE_SUITE,
+          "all": PEERS_SUITE + SERIAL_SUITE + CP_SUITE + LARGE_SUITE}
+GATE_CLASSES = ("model", "random", "long")  # --gates: the classes of input_classes that model a layer's gates
+GATE_FORMS = ("safe", "sigmoid", "softplus", "log_decay")
 # FlashKDA on the same kind of H200 (FlashKDA's published times, docs/benchmarks.md), for the table's last column.
 FLASHKDA_MS = {(64, "8192"): 1.214, (64, "uneven6"): 0.991, (64, "8x1024"): 0.790,
                (96, "8192"): 1.417, (96, "uneven6"): 1.367, (96, "8x1024"): 1.173,
@@ -86,33 +103,125 @@ def make_case(H: int, lens: List[int], seed: int = 0):
     return x, cu, out, final
 
 
-def floor_bytes(H: int, lens: Sequence[int]) -> int:
+def floor_bytes(H: int, lens: Sequence[int], g_bytes: int = 2) -> int:
+    """Bytes prefill must move: q, k, v, out (bf16), g (`g_bytes` each), beta, both states (bf16)."""
     T, N = sum(lens), len(lens)
-    return T * H * (5 * 128 * 2 + 2) + 2 * N * H * 128 * 128 * 2
+    return T * H * (4 * 128 * 2 + 128 * g_bytes + 2) + 2 * N * H * 128 * 128 * 2
+
+
+def to_device(arrays: dict, cache: Optional[dict] = None, state: str = "bf16") -> dict:
+    """input_classes' NumPy arrays as CUDA tensors: q, k, v, beta bf16, g bf16 or fp32 (its
+    g_dtype), A_log, dt_bias fp32, initial_state in `state` ("bf16" or "fp32"); the values of the
+    bf16 ones are bf16-exact, so nothing is rounded. `cache` (id of a NumPy array -> tensor) shares the tensors of arrays that several
+    gate forms of one draw have in common. Non-array entries (gate, lower_bound...) pass through."""
+    import numpy as np
+    import torch
+
+    cache = {} if cache is None else cache
+    dtypes = dict(q=torch.bfloat16, k=torch.bfloat16, v=torch.bfloat16, beta=torch.bfloat16,
+                  g=torch.float32 if arrays.get("g_dtype") == "fp32" else torch.bfloat16,
+                  A_log=torch.float32, dt_bias=torch.float32,
+                  initial_state={"bf16": torch.bfloat16, "fp32": torch.float32}[state])
+    out = {}
+    for name, value in arrays.items():
+        if not isinstance(value, np.ndarray):
+            out[name] = value
+            continue
+        key = (id(value), dtypes[name])
+        if key not in cache:
+            cache[key] = (value, torch.from_numpy(value).to("cuda").to(dtypes[name]))  # the array is kept alive
+        out[name] = cache[key][1]
+    return out
+
+
+def class_cases(H: int, lens: List[int], cls: str, forms: Sequence[str], seed: int = 0):
+    """Yield (form, x, cu, out, final) for each gate form of one draw of class `cls`: the same
+    q, k, v, beta, gate input and bf16 initial state in every form (input_classes.regate)."""
+    import torch
+
+    from . import input_classes
+
+    base = input_classes.make_class_inputs(cls, 1, sum(lens), H, gate="safe", seed=seed, state="bf16",
+                                           n_states=len(lens))
+    cu = torch.from_numpy(input_classes.cu_seqlens(lens)).to("cuda")
+    cache = {}
+    for form in forms:
+        x = to_device(input_classes.regate(base, form, seed=seed) if form != "safe" else base, cache)
+        out = torch.empty(1, sum(lens), H, 128, device="cuda", dtype=torch.bfloat16)
+        final = torch.empty(len(lens), H, 128, 128, device="cuda", dtype=torch.bfloat16)
+        yield form, x, cu, out, final
+
+
+def gate_kwargs(x) -> dict:
+    """The gate arguments of kda_aot.prefill for a class case (absent on make_case's: safe gate)."""
+    return dict(A_log=x["A_log"], dt_bias=x["dt_bias"], lower_bound=x.get("lower_bound", -5.0),
+                gate=x.get("gate", "safe"))
 
 
 def fla_runner(x, cu, H):
-    """FLA's chunk_kda with the flags FlashKDA compares against, or None when FLA is absent."""
+    """FLA's chunk_kda in the gate form of `x` (FlashKDA's flags for the safe gate; the mapping of
+    docs/frameworks.md for the others), or None when FLA is absent. Returns run() -> (o, state)."""
     try:
         from fla.ops.kda import chunk_kda
     except Exception:
         return None
 
     h0 = x["initial_state"].float()  # FLA keeps an fp32 state
-    dt = x["dt_bias"].reshape(-1)
+    form = x.get("gate", "safe")
     cu64 = cu.long()
+    if form == "log_decay":
+        gate = dict(use_gate_in_kernel=False, safe_gate=False, lower_bound=None, A_log=None, dt_bias=None)
+    else:
+        gate = dict(use_gate_in_kernel=True, safe_gate=form == "safe", lower_bound=x.get("lower_bound", -5.0),
+                    A_log=x["A_log"], dt_bias=x["dt_bias"].reshape(-1))
 
     def run():
-        return chunk_kda(q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"], A_log=x["A_log"], dt_bias=dt,
-                         initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
-                         use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, safe_gate=True,
-                         lower_bound=-5.0, cu_seqlens=cu64, state_v_first=True)
+        return chunk_kda(q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"], initial_state=h0,
+                         output_final_state=True, use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+                         cu_seqlens=cu64, state_v_first=True, **gate)
     try:
         run()
     except Exception as exc:  # an FLA version with other argument names
         print(f"  (fla chunk_kda not comparable here: {exc})", file=sys.stderr)
         return None
     return run
+
+
+def cudnn_runner(x, cu):
+    """cuDNN's Hopper KDA engine (kda_hopper_cuda) through flashinfer.cudnn.cudnn_recurrent_kda,
+    the function behind flashinfer.recurrent_kda(backend="cudnn"), called with output= and
+    output_state= so that it neither allocates nor overwrites the initial state (the facade copies
+    the final state into initial_state on every call). Returns (run, out, final, None), or
+    (None, None, None, why) when it cannot run this case."""
+    try:
+        from flashinfer.cudnn import cudnn_recurrent_kda
+    except Exception as exc:
+        return None, None, None, f"flashinfer's cuDNN path is not importable ({type(exc).__name__}: {exc})"
+    import torch
+
+    form = x.get("gate", "safe")
+    if form not in ("safe", "sigmoid", "log_decay"):
+        # Its in-kernel gate is the bounded sigmoid one; a None bound means -5 there, not softplus.
+        return None, None, None, f"gate={form!r}: the engine's in-kernel gate is the bounded sigmoid gate only"
+    T, H = x["q"].shape[1], x["q"].shape[2]
+    out = torch.empty(1, T, H, 128, dtype=torch.bfloat16, device="cuda")
+    final = torch.empty_like(x["initial_state"])
+    in_kernel = form != "log_decay"
+
+    def run():
+        return cudnn_recurrent_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"] if in_kernel else None,
+                                   dt_bias=x["dt_bias"] if in_kernel else None, initial_state=x["initial_state"],
+                                   output_final_state=True, use_qk_l2norm_in_kernel=True,
+                                   use_gate_in_kernel=in_kernel, lower_bound=x.get("lower_bound", -5.0) if in_kernel
+                                   else None, cu_seqlens=cu, beta_is_logit=True, output=out, output_state=final)
+    try:
+        t0 = time.perf_counter()
+        run()  # the first call builds the graph and compiles the kernel with NVRTC
+        torch.cuda.synchronize()
+        print(f"  (cuDNN engine: first call {time.perf_counter() - t0:.1f} s)", file=sys.stderr)
+    except Exception as exc:
+        return None, None, None, f"the engine declined ({type(exc).__name__}: {str(exc)[:300]})"
+    return run, out, final, None
 
 
 def flashkda_runner(x, cu, H, ours):
@@ -150,39 +259,61 @@ def flashkda_runner(x, cu, H, ours):
 def eager_runner(x, cu, lens, n_sets: int = 4, hint: bool = False):
     """A serving loop's call: device cu_seqlens (and `seq_lens` when `hint`), outputs allocated by
     prefill, inputs cycling through `n_sets` copies so every call sees new pointers."""
+    import torch
+
     import kda_aot
 
-    sets = [{k: t.clone() for k, t in x.items()} for _ in range(n_sets)]
+    sets = [{k: (t.clone() if torch.is_tensor(t) else t) for k, t in x.items()} for _ in range(n_sets)]
     cus = [cu.clone() for _ in range(n_sets)]
     state = {"i": 0}
 
     def run():
         i = state["i"] = (state["i"] + 1) % n_sets
         y = sets[i]
-        return kda_aot.prefill(y["q"], y["k"], y["v"], y["g"], y["beta"], A_log=y["A_log"], dt_bias=y["dt_bias"],
+        return kda_aot.prefill(y["q"], y["k"], y["v"], y["g"], y["beta"], **gate_kwargs(y),
                                initial_state=y["initial_state"], output_final_state=True, cu_seqlens=cus[i],
                                seq_lens=list(lens) if hint else None)
     return run
 
 
-def graph_runner(x, cu):
-    """The eager call (device cu_seqlens only) captured once into a CUDA graph, replayed."""
+def capture(call):
+    """`call` captured once into a CUDA graph (after a warm-up on a side stream, so plans and
+    caches are built outside the capture); returns the graph's replay."""
     import torch
 
-    import kda_aot
-
-    def call():
-        return kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
-                               initial_state=x["initial_state"], output_final_state=True, cu_seqlens=cu)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        call()  # warm-up: the plan is built outside the capture
+        call()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         call()
     return graph.replay
+
+
+def graph_runner(x, cu):
+    """The eager call (device cu_seqlens only) captured once into a CUDA graph, replayed."""
+    import kda_aot
+
+    return capture(lambda: kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], **gate_kwargs(x),
+                                           initial_state=x["initial_state"], output_final_state=True, cu_seqlens=cu))
+
+
+def gold_of(x, cu):
+    """The float64 gold (output, final state) of a class case."""
+    from . import reference
+
+    g = gate_kwargs(x)
+    return reference.gold_prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], g["A_log"], g["dt_bias"], g["lower_bound"],
+                                  None, x["initial_state"], cu, gate=g["gate"])
+
+
+def errors(result, gold):
+    """[output, final state] relative RMSE of `result` against `gold`."""
+    from . import reference
+
+    return [reference.rel_rmse(result[0], gold[0]), reference.rel_rmse(result[1], gold[1])]
 
 
 @contextlib.contextmanager
@@ -230,7 +361,11 @@ def host_us(fn, calls: int = 100, repeats: int = 7, busy: bool = True) -> float:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kda_aot.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--suite", choices=("serial", "cp", "large", "all"), default="serial")
+    parser.add_argument("--suite", choices=tuple(SUITES), default="peers")
+    parser.add_argument("--gates", nargs="+", choices=GATE_CLASSES, default=["model", "random"],
+                        help="input classes of kda_aot/input_classes.py, each shape runs on each")
+    parser.add_argument("--gate-forms", nargs="+", choices=GATE_FORMS, default=["safe", "softplus", "log_decay"],
+                        help="gate forms of kda_aot.prefill; forms other than safe time kda-aot, FLA and cuDNN only")
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--value-split", type=int, nargs="*", default=None,
@@ -240,10 +375,14 @@ def main(argv=None) -> int:
                              "(KDA_K2_KERNEL; the planner's pick is in the other columns)")
     parser.add_argument("--accurate", action="store_true",
                         help='also time numerics="accurate" (kernels mode) and its ratio to the default "flashkda"')
+    parser.add_argument("--no-accuracy", action="store_true", help="skip the float64 gold and the error columns")
     parser.add_argument("--md", help="write the table as markdown to this file")
-    parser.add_argument("--json", help="write the rows as JSON to this file")
+    parser.add_argument("--json", help="write the run as JSON to this file (after every row)")
+    parser.add_argument("--json-append", action="store_true",
+                        help="keep the rows already in --json (another run on the same machine) and add these")
     parser.add_argument("--png", help="draw kda-aot's modes against the peers present (needs matplotlib)")
     parser.add_argument("--no-fla", action="store_true", help="skip FLA even when it is importable (Triton autotuning is slow)")
+    parser.add_argument("--no-cudnn", action="store_true", help="skip cuDNN's engine even when it is importable")
     parser.add_argument("--sweep-cp", action="store_true",
                         help="time forced CP segment counts x value splits on the CP suite (planner tuning)")
     parser.add_argument("--checkpoint-cost", action="store_true",
@@ -260,82 +399,176 @@ def main(argv=None) -> int:
 
     import kda_aot
 
-    cases = {"serial": SERIAL_SUITE, "cp": CP_SUITE, "large": LARGE_SUITE,
-             "all": SERIAL_SUITE + CP_SUITE + LARGE_SUITE}[args.suite]
     if args.sweep_cp:
         return sweep_cp(args)
     if args.checkpoint_cost:
         return checkpoint_cost(args)
+    cases = []
+    for case in SUITES[args.suite]:
+        if case not in cases:  # "all" lists the two shapes the suites share once
+            cases.append(case)
     bw = copy_bandwidth()
-    print(f"kda-aot {kda_aot.__version__} on {torch.cuda.get_device_name()}, copy bandwidth {bw / 1e12:.2f} TB/s, "
+    meta = run_meta(args, bw)
+    print(f"kda-aot {kda_aot.__version__} on {meta['machine']}, copy bandwidth {bw / 1e12:.2f} TB/s, "
           f"median of {args.iters} CUDA-event timings around single calls after {args.warmup} warm-ups", flush=True)
     print("modes: kernels = identical tensors with host lengths and given outputs (kernel time only); eager = device "
           "cu_seqlens only, fresh inputs and outputs every call; eager+seq_lens = the same with the host hint; "
           "graph = the eager call replayed from a CUDA graph. host us = the caller's thread per call.", flush=True)
+    for note in meta["notes"]:
+        print("note: " + note, flush=True)
     splits = args.value_split or []
-    header = (["H", "sequences", "floor ms", "kernels ms", "eager ms", "eager+seq_lens ms", "graph ms", "plan"]
+    header = (["H", "sequences", "gates", "gate", "g dtype", "floor ms", "kernels ms", "eager ms", "eager+seq_lens ms",
+               "graph ms", "plan"]
               + [f"serial split {s} ms" for s in splits] + [f"kernels ms, K2={k}" for k in args.k2_kernel or []]
               + (["accurate kernels ms", "accurate / flashkda"] if args.accurate else [])
               + ["FLA ms", "FlashKDA ms (this run)", "FlashKDA bitwise", "graph vs FlashKDA",
-                 "FlashKDA ms (published, same H200 kind)", "host us eager / +seq_lens / given buffers"])
+                 "FlashKDA ms (published, same H200 kind)", "cuDNN graph ms", "cuDNN eager ms", "cuDNN host us",
+                 "cuDNN note", "error kda-aot", "error cuDNN", "error FLA", "host us eager / +seq_lens / given buffers"])
     rows = []
+    if args.json and args.json_append and os.path.exists(args.json):
+        with open(args.json) as f:
+            before = json.load(f)
+        if isinstance(before, list):  # the first format: a list of rows
+            before = {"rows": before}
+        rows = [[r.get(c) for c in header] for r in before.get("rows", [])]
+        meta["notes"] += [n for n in before.get("notes", []) if n not in meta["notes"]]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for H, lens in cases:
-        x, cu, out, final = make_case(H, lens)
-        call = lambda split=None, cp="auto", numerics="flashkda": kda_aot.prefill(
-            x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
-            initial_state=x["initial_state"], output_final_state=True, cu_seqlens=cu, seq_lens=lens,
-            out=out, final_state=final, cp=cp, value_split=split, numerics=numerics)
-        kernels_ms = time_ms(call, args.iters, args.warmup)
-        eager, hinted = eager_runner(x, cu, lens), eager_runner(x, cu, lens, hint=True)
-        eager_ms = time_ms(eager, args.iters, args.warmup)
-        hinted_ms = time_ms(hinted, args.iters, args.warmup)
-        replay = graph_runner(x, cu)
-        graph_ms = time_ms(replay, args.iters, args.warmup)
-        host = (host_us(eager), host_us(hinted), host_us(call))
-        plan = kda_aot.plan_prefill(lens, H, sm_count=torch.cuda.get_device_properties(0).multi_processor_count)
-        plan_text = "serial" if plan.trivial else f"{plan.n_segments} segments (max {plan.max_segment_tiles} tiles)"
-        split_ms = [time_ms(lambda s=s: call(s, "off"), args.iters, args.warmup) for s in splits]
-        for kind in args.k2_kernel or []:
-            with forced_k2_kernel(kind):
-                split_ms.append(time_ms(call, args.iters, args.warmup))
-        if args.accurate:
-            acc_ms = time_ms(lambda: call(numerics="accurate"), args.iters, args.warmup)
-            split_ms += [acc_ms, acc_ms / kernels_ms]
-        fla = None if args.no_fla else fla_runner(x, cu, H)
-        fla_ms = time_ms(fla, args.iters, args.warmup) if fla else None
-        call()  # `out` and `final` now hold our result on these inputs, for FlashKDA's bitwise check
-        fk = flashkda_runner(x, cu, H, (out, final))
-        fk_ms = time_ms(fk[0], args.iters, args.warmup) if fk else None
-        fk_cells = [fk_ms, ("yes" if fk[1] else "NO") if fk else None,
-                    f"{fk_ms / graph_ms:.2f}x" if fk else None]
-        key = shape_key(lens)
-        row = [H, key, floor_bytes(H, lens) / bw * 1e3, kernels_ms, eager_ms, hinted_ms, graph_ms, plan_text,
-               *split_ms, fla_ms, *fk_cells, FLASHKDA_MS.get((H, key)), " / ".join(f"{h:.1f}" for h in host)]
-        rows.append(row)
-        print("  " + " | ".join(_fmt(c) for c in row), flush=True)
-        x = cu = out = final = eager = hinted = replay = fla = fk = None  # free this shape's tensors before the next one
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+        for cls in args.gates:
+            for form, x, cu, out, final in class_cases(H, lens, cls, args.gate_forms):
+                t0 = time.perf_counter()
+                row = measure(args, H, lens, cls, form, x, cu, out, final, bw, sms, splits)
+                rows.append([row.get(c) for c in header])
+                print("  " + " | ".join(_fmt(c) for c in rows[-1]) + f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
+                if args.json:
+                    write_json(header, rows, args.json, meta)
+                x = cu = out = final = None  # free this case's tensors before the next one
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
     table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     table += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
-    table += ["", host_cost_table()]
+    host = host_cost_rows()
+    meta["host_cost"] = host
+    table += ["", "| host us per call (fresh tensors) | value |", "|---|---|"]
+    table += [f"| {label} | {us:.1f} |" for label, us in host]
     print("\n".join(table))
     if args.md:
         with open(args.md, "w") as f:
             f.write("\n".join(table) + "\n")
     if args.json:
-        write_json(header, rows, args.json)
+        write_json(header, rows, args.json, meta)
     if args.png:
         print(write_png(header, rows, args.png))
     return 0
 
 
-def write_json(header, rows, path: str) -> None:
-    """One object per shape, keyed by the table's column names (None where a peer is absent)."""
-    import json
+def measure(args, H, lens, cls, form, x, cu, out, final, bw, sms, splits) -> dict:
+    """One row: kda-aot's modes, then the peers, then the errors against the float64 gold."""
+    import torch
 
+    import kda_aot
+
+    safe = form == "safe"
+    key = shape_key(lens)
+    call = lambda split=None, cp="auto", numerics="flashkda": kda_aot.prefill(
+        x["q"], x["k"], x["v"], x["g"], x["beta"], **gate_kwargs(x), initial_state=x["initial_state"],
+        output_final_state=True, cu_seqlens=cu, seq_lens=lens, out=out, final_state=final, cp=cp,
+        value_split=split, numerics=numerics)
+    row = {"H": H, "sequences": key, "gates": cls, "gate": form, "g dtype": str(x["g"].dtype).replace("torch.", ""),
+           "floor ms": floor_bytes(H, lens, x["g"].element_size()) / bw * 1e3}
+    row["kernels ms"] = time_ms(call, args.iters, args.warmup)
+    row["eager ms"] = time_ms(eager_runner(x, cu, lens), args.iters, args.warmup)
+    if safe:
+        row["eager+seq_lens ms"] = time_ms(eager_runner(x, cu, lens, hint=True), args.iters, args.warmup)
+    row["graph ms"] = time_ms(graph_runner(x, cu), args.iters, args.warmup)
+    plan = kda_aot.plan_prefill(lens, H, sm_count=sms)
+    row["plan"] = "serial" if plan.trivial else f"{plan.n_segments} segments (max {plan.max_segment_tiles} tiles)"
+    for s in splits:
+        row[f"serial split {s} ms"] = time_ms(lambda s=s: call(s, "off"), args.iters, args.warmup)
+    for kind in args.k2_kernel or []:
+        with forced_k2_kernel(kind):
+            row[f"kernels ms, K2={kind}"] = time_ms(call, args.iters, args.warmup)
+    if args.accurate:
+        row["accurate kernels ms"] = time_ms(lambda: call(numerics="accurate"), args.iters, args.warmup)
+        row["accurate / flashkda"] = row["accurate kernels ms"] / row["kernels ms"]
+    gold = None if args.no_accuracy else gold_of(x, cu)
+    call()  # `out` and `final` now hold our result on these inputs
+    if gold is not None:
+        row["error kda-aot"] = errors((out, final), gold)
+    fla = None if args.no_fla else fla_runner(x, cu, H)
+    if fla:
+        row["FLA ms"] = time_ms(fla, args.iters, args.warmup)
+        if gold is not None:
+            row["error FLA"] = errors(fla(), gold)
+    if safe:
+        fk = flashkda_runner(x, cu, H, (out, final))
+        if fk:
+            row["FlashKDA ms (this run)"] = time_ms(fk[0], args.iters, args.warmup)
+            row["FlashKDA bitwise"] = "yes" if fk[1] else "NO"
+            row["graph vs FlashKDA"] = f"{row['FlashKDA ms (this run)'] / row['graph ms']:.2f}x"
+        if cls == "random":  # FlashKDA's published times are on N(0, 1) inputs
+            row["FlashKDA ms (published, same H200 kind)"] = FLASHKDA_MS.get((H, key))
+        row["host us eager / +seq_lens / given buffers"] = " / ".join(
+            f"{host_us(fn):.1f}" for fn in (eager_runner(x, cu, lens), eager_runner(x, cu, lens, hint=True), call))
+    if not args.no_cudnn:
+        run, c_out, c_final, why = cudnn_runner(x, cu)
+        if run is None:
+            row["cuDNN note"] = why
+        else:
+            if gold is not None:
+                run()
+                row["error cuDNN"] = errors((c_out, c_final), gold)
+            row["cuDNN eager ms"] = time_ms(run, args.iters, args.warmup)
+            row["cuDNN host us"] = host_us(run, calls=20)
+            try:  # last: a capture that fails must not disturb the measurements above
+                row["cuDNN graph ms"] = time_ms(capture(run), args.iters, args.warmup)
+            except Exception as exc:
+                torch.cuda.synchronize()
+                row["cuDNN note"] = f"no CUDA-graph capture ({type(exc).__name__}: {str(exc)[:200]}); eager only"
+    return row
+
+
+def run_meta(args, bw) -> dict:
+    """What the JSON says about the run: machine, date, versions, the peers present and why not."""
+    import datetime
+    import importlib.metadata as md
+
+    import torch
+
+    import kda_aot
+
+    def version(dist):
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            return None
+
+    peers = {name: version(dist) for name, dist in (("FLA", "fla-core"), ("flashinfer", "flashinfer-python"),
+                                                     ("cudnn-frontend", "nvidia-cudnn-frontend"))}
+    try:
+        import flash_kda  # noqa: F401
+        peers["FlashKDA"] = version("flash_kda") or "present"
+    except Exception:
+        peers["FlashKDA"] = None
+    notes = []
+    if peers["FlashKDA"] is None:
+        notes.append("FlashKDA is not importable: its this-run column is empty (the published times are shown)")
+    if peers["FLA"] is None or args.no_fla:
+        notes.append("FLA is not importable or was skipped: its column is empty")
+    if args.no_cudnn:
+        notes.append("cuDNN's engine was skipped (--no-cudnn)")
+    elif peers["flashinfer"] is None or peers["cudnn-frontend"] is None:
+        notes.append("flashinfer-python or nvidia-cudnn-frontend is not installed: the cuDNN columns are empty")
+    return {"format": 2, "machine": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
+            "kda_aot": kda_aot.__version__, "torch": torch.__version__, "copy_bandwidth_TBps": bw / 1e12,
+            "iters": args.iters, "warmup": args.warmup, "suite": args.suite, "peers": peers, "notes": notes}
+
+
+def write_json(header, rows, path: str, meta: Optional[dict] = None) -> None:
+    """The run as one object: `meta` (run_meta's keys) and "rows", one object per row keyed by
+    the table's column names (None where a peer is absent); ci/bench_tables.py renders it."""
     with open(path, "w") as f:
-        json.dump([dict(zip(header, row)) for row in rows], f, indent=1)
+        json.dump(dict(meta or {}, rows=[dict(zip(header, row)) for row in rows]), f, indent=1)
 
 
 def write_png(header, rows, path: str) -> str:
@@ -350,7 +583,8 @@ def write_png(header, rows, path: str) -> str:
         return f"--png: matplotlib is not installed, no chart written to {path}"
     columns = [i for i, name in enumerate(header) if " ms" in name and name != "floor ms"
                and any(isinstance(row[i], float) for row in rows)]
-    labels = [f"H={row[0]} {row[1]}" for row in rows]
+    extra = [i for i, name in enumerate(header) if name in ("gates", "gate")]
+    labels = [" ".join([f"H={row[0]} {row[1]}"] + [str(row[i]) for i in extra]) for row in rows]
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows)), 4))
     width = 0.8 / max(1, len(columns))
     for j, i in enumerate(columns):
@@ -365,9 +599,9 @@ def write_png(header, rows, path: str) -> str:
     return f"chart written to {path}"
 
 
-def host_cost_table(n_sets: int = 64) -> str:
+def host_cost_rows(n_sets: int = 64) -> list:
     """Host cost of small calls (T=16, H=1; H=4 [8192] for CP), fresh tensors cycling through
-    `n_sets` sets as a serving loop would: the issue's budget lines."""
+    `n_sets` sets as a serving loop would: [(label, us per call), ...]."""
     import torch
 
     import kda_aot
@@ -395,14 +629,14 @@ def host_cost_table(n_sets: int = 64) -> str:
         return run
 
     small, cp = sets(1, [16], n_sets), sets(4, [8192], 8)
-    lines = ["| host us per call (fresh tensors) | value |", "|---|---|"]
+    rows = []
     for label, fn in (("serial, dense, outputs allocated", looping(small, varlen=False)),
                       ("serial, varlen cu_seqlens only, outputs allocated", looping(small)),
                       ("serial, varlen, out= final_state= workspace= given", looping(small, given=True)),
                       ("CP auto H=4 [8192], cu_seqlens only, outputs allocated", looping(cp)),
                       ("CP auto H=4 [8192], buffers given", looping(cp, given=True))):
-        lines.append(f"| {label} | {host_us(fn):.1f} |")
-    return "\n".join(lines)
+        rows.append([label, host_us(fn)])
+    return rows
 
 
 CHECKPOINT_CASES = [(64, [8192], "off"), (8, [8192], "auto")]

@@ -109,11 +109,12 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile row (compiling takes a while)")
     args = parser.parse_args(argv)
-    import torch
+    # One line and exit status 2 where it cannot run, not a traceback (kda_aot/cli_checks.py).
+    from .cli_checks import cannot_run, gpu_problem, torch_problem
 
-    if not torch.cuda.is_available():
-        print("the op benchmark needs a CUDA GPU")
-        return 2
+    problem = torch_problem() or gpu_problem()
+    if problem:
+        return cannot_run("python -m kda_aot.bench_op", problem)
     print(table(measure(args.calls, args.rounds, compile=not args.no_compile)))
     return 0
 

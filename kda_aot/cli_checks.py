@@ -1,4 +1,4 @@
-"""What the command-line tools (demo, bench, profile) need before they can run, as one line each.
+"""What the command-line tools (demo, bench, bench_op, profile) need before they can run, as one line each.
 
 A tool that cannot run on this machine must say why in one sentence and exit non-zero, never end
 in a traceback from deep inside torch or ctypes: a new user reads the first line, not the last.
@@ -13,6 +13,9 @@ from typing import Optional
 # was measured" meaning). A failed check (the demo's FAIL) exits 1, so scripts can tell them apart.
 CANNOT_RUN = 2
 
+# The torch release ci/venv.sh installs (TORCH_PIN there); named in the hint below.
+TORCH_PIN = "torch==2.13.0"
+
 
 def torch_problem() -> Optional[str]:
     """None when torch imports; else why not, with the command that installs it."""
@@ -21,7 +24,10 @@ def torch_problem() -> Optional[str]:
     except ImportError as exc:
         # ImportError covers a missing torch and a broken one (a missing libcuda dependency, a
         # module set to None); the cause follows in parentheses.
-        return f"torch is not importable ({exc}); install it (pip install torch, or bash ci/demo.sh)"
+        # The hint names the pinned install: a bare `pip install torch` downloads an unpinned,
+        # multi-GB CUDA build, which ci/venv.sh warns against.
+        return (f"torch is not importable ({exc}); install a CUDA build of torch into this environment "
+                f"(on a GPU machine bash ci/demo.sh installs {TORCH_PIN} into .venv/)")
     return None
 
 

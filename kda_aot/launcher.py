@@ -21,6 +21,7 @@ import numpy as np
 
 from . import planner
 from .abi_constants import regstate_name
+from .gate_forms import k1_kernel
 from .loader import KernelLibrary
 from .program import NULL, STREAM, Program, Ref, ws
 from .validation import Problem
@@ -71,12 +72,16 @@ def _sequence_tables(prog: Program, problem: Problem, off, n_seq: int, order: bo
 
 
 def _k1(prog: Program, problem: Problem, off, n_seq: int, cap: int) -> None:
-    # numerics="accurate" has its own K1 (the gated operands rounded once, docs/numerics.md)
-    prog.add("k1_prepare_acc" if problem.numerics == "accurate" else "k1_prepare", dict(
+    # The K1 of the call's gate and beta form (gate_forms.k1_kernel): FlashKDA's K1 for its
+    # configuration, the general K1 otherwise; numerics="accurate" has its own of each (the gated
+    # operands rounded once, docs/numerics.md). The general K1 reads A_log and dt_bias only when
+    # their pointers are not null (gate forms without them, docs/gate_forms.md).
+    lb = problem.lower_bound
+    prog.add(k1_kernel(problem.form, problem.numerics == "accurate"), dict(
         q=Ref("q"), k=Ref("k"), g=Ref("g"), beta=Ref("beta"), a_log=Ref("A_log"), dt_bias=Ref("dt_bias"),
         seq_start=ws(off["seq_start"]), tile_prefix=ws(off["tile_prefix"]), **_workspace_args(off),
         t_total=problem.B * problem.T, n_seq=n_seq, n_heads=problem.H, cap=cap, scale=problem.scale,
-        gate_c=gate_constant(problem.lower_bound), stream=STREAM))
+        gate_c=0.0 if lb is None else gate_constant(lb), stream=STREAM))
 
 
 def serial_layout(problem: Problem):

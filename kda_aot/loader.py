@@ -31,6 +31,10 @@ class LibraryNotFoundError(KdaError):
     pass
 
 
+# cudaErrorInsufficientDriver: what the runtime answers without a usable driver.
+CUDA_ERROR_INSUFFICIENT_DRIVER = 35
+
+
 class CudaError(KdaError):
     """A CUDA call inside the library failed; carries the kernel name and the CUDA error."""
 
@@ -184,7 +188,15 @@ class KernelLibrary:
     def device_count(self) -> int:
         """Visible CUDA devices; raises CudaError when there is no usable driver."""
         count = ctypes.c_int32(0)
-        self._check(self._lib.kda_device_count(ctypes.byref(count)), "querying CUDA devices")
+        code = self._lib.kda_device_count(ctypes.byref(count))
+        if code == CUDA_ERROR_INSUFFICIENT_DRIVER:
+            # CUDA's static runtime returns this one code both without a driver and with one older
+            # than the build's CUDA; either way the fix is the driver, so the message says so.
+            raise CudaError("querying CUDA devices", code, self._lib.kda_error_name(code).decode(),
+                            self._lib.kda_error_string(code).decode()
+                            + " (CUDA's code for a missing driver and for an old one alike): install or upgrade"
+                              " the NVIDIA driver, R575 or newer for a cu12 build, R580 or newer for cu13")
+        self._check(code, "querying CUDA devices")
         return count.value
 
 

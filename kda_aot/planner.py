@@ -66,7 +66,7 @@ def cp_splits(n_segments: int, n_seq: int, n_heads: int, sm_count: int, numerics
     Each kernel gets the wave rule over its own grid: pre_scan runs the non-last segments only
     (n_segments - n_seq, a bound) and has only the mma.sync form, so it chooses from all of
     VALUE_SPLITS; K2 runs every segment and, in FlashKDA's recipe, chooses from REGSTATE_SPLITS as a
-    serial call does. Measured on the H200 (docs/cp_tuning.md, thirteenth session), this picked
+    serial call does. Measured on the H200 (docs/cp_tuning.md, "Per-kernel value splits"), this picked
     the fastest split of each kernel on all eight CP shapes timed. numerics="accurate" keeps one
     split for both (no register-state K2 there)."""
     k2 = value_split(n_segments, n_heads, sm_count, k2_splits(numerics))

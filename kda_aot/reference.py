@@ -27,6 +27,8 @@ from typing import Any, Optional, Sequence, Tuple, Union
 import torch
 
 from .abi_constants import CHUNK, D  # head dim K = V = 128 only (§1.4); tile = chunk of 16 tokens (§2.3)
+from .gate_forms import BETA_FORMS, GATES, resolve_lower_bound
+
 LOG2E = 1.4426950408889634
 L2_EPS = 1e-6  # inside the square root (§2.1)
 
@@ -261,16 +263,73 @@ def _gold_core(m, q, k, v, g, beta, A_log, dt_bias, s, *, lb, scale):
     return o, s
 
 
-def gold_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float,
+def gate_log_decay(g: torch.Tensor, A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
+                   lower_bound: Optional[float], gate: str = "safe") -> torch.Tensor:
+    """The natural-log decay of every (token, head, key channel) in float64, exact functions
+    (kda_aot/gate_forms.py lists the forms). g [B, T, H, 128]; A_log [H] or None; dt_bias [H, 128]
+    / [H*128] or None."""
+    if gate not in GATES:
+        raise ValueError(f"gate: expected one of {GATES}, got {gate!r}")
+    x = g.double()
+    if gate == "log_decay":
+        return x
+    H = g.shape[2]
+    if dt_bias is not None:
+        x = x + dt_bias.to(device=g.device, dtype=torch.float64).reshape(H, D)
+    a = None if A_log is None else torch.exp(A_log.to(device=g.device, dtype=torch.float64))[:, None]
+    if gate == "softplus":
+        return -a * torch.logaddexp(torch.zeros((), dtype=torch.float64, device=g.device), x)
+    lb = resolve_lower_bound(gate, lower_bound)
+    return lb * torch.sigmoid(x if a is None else a * x)
+
+
+def beta_strength(beta: torch.Tensor, beta_form: str = "logits", allow_neg_eigval: bool = False) -> torch.Tensor:
+    """b, the delta rule's write strength per (token, head), in float64."""
+    if beta_form not in BETA_FORMS:
+        raise ValueError(f"beta_form: expected one of {BETA_FORMS}, got {beta_form!r}")
+    b = beta.double()
+    if beta_form == "probs":
+        return b
+    return torch.sigmoid(b) * (2.0 if allow_neg_eigval else 1.0)
+
+
+def _gold_core_direct(m, q, k, v, logd, b, A_log, dt_bias, s, *, lb, scale):
+    """_gold_core with the log-decay and b given (the gate and beta forms applied before)."""
+    qh = m.l2n(q) * scale
+    kh = m.l2n(k)
+    alpha = torch.exp(logd)
+    o = torch.empty_like(v)
+    s = s.clone()
+    for t in range(q.shape[0]):
+        s.mul_(alpha[t][:, None, :])
+        resid = v[t] - torch.bmm(s, kh[t][:, :, None])[..., 0]
+        s.baddbmm_((b[t][:, None] * resid)[:, :, None], kh[t][:, None, :])
+        o[t] = torch.bmm(s, qh[t][:, :, None])[..., 0]
+    return o, s
+
+
+def gold_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                 A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], lower_bound: Optional[float],
                  scale: Optional[float] = None, initial_state: Optional[torch.Tensor] = None,
-                 cu_seqlens: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Float64 gold of §2.2 (FLA fused_recurrent semantics): exact sigmoid/exp, unrounded scale
-    and the unrounded initial state (fp32 or bf16) widened to fp64.
+                 cu_seqlens: Optional[torch.Tensor] = None, gate: str = "safe", beta_form: str = "logits",
+                 allow_neg_eigval: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Float64 gold of §2.2 (FLA fused_recurrent semantics): exact sigmoid/exp/softplus, unrounded
+    scale and the unrounded initial state (fp32 or bf16) widened to fp64. `gate`, `beta_form` and
+    `allow_neg_eigval` are prefill's (kda_aot/gate_forms.py); the default is FlashKDA's configuration.
 
     Returns (o [B, T, H, 128] fp64, final_state [N, H, 128, 128] fp64). Empty sequences return
     their initial state (or zeros).
     """
-    return _run(_gold_core, _ExactMath(), q, k, v, g, beta, A_log, dt_bias, lower_bound, scale,
+    if (gate, beta_form, allow_neg_eigval) == ("safe", "logits", False):
+        lower_bound = resolve_lower_bound("safe", lower_bound)
+        return _run(_gold_core, _ExactMath(), q, k, v, g, beta, A_log, dt_bias, lower_bound, scale,
+                    initial_state, cu_seqlens)
+    logd = gate_log_decay(g, A_log, dt_bias, lower_bound, gate)
+    b = beta_strength(beta, beta_form, allow_neg_eigval)
+    H = q.shape[2]
+    zeros_a = torch.zeros(H, dtype=torch.float64, device=q.device)  # unused by the direct core
+    zeros_dt = torch.zeros(H, D, dtype=torch.float64, device=q.device)
+    return _run(_gold_core_direct, _ExactMath(), q, k, v, logd, b, zeros_a, zeros_dt, 0.0, scale,
                 initial_state, cu_seqlens)
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
 from .abi_constants import D  # head dim: K = V = 128 only
+from .gate_forms import BETA_FORMS, GATES, Form, needs, resolve_lower_bound
 
 if TYPE_CHECKING:  # kda_aot.tensors imports cuda.core; this module stays importable without it
     from .tensors import TensorDesc
@@ -44,7 +45,7 @@ class Problem:
     has_initial: bool
     has_final: bool
     scale: float
-    lower_bound: float
+    lower_bound: Optional[float]  # None for the gate forms without one (softplus, log_decay)
     device_id: int
     cp: CpMode = "off"  # parse_cp(cp): "off" | "auto" | "on" | segments per sequence
     # State pool by slot index (docs/state_pool.md): states are rows of state_pool [n_pool, H, 128,
@@ -56,13 +57,14 @@ class Problem:
     checkpoint_every: int = 0
     n_checkpoints: int = 0
     numerics: str = "flashkda"  # parse_numerics(numerics): "flashkda" | "accurate" (docs/numerics.md)
+    form: Form = Form()  # the gate and beta forms (kda_aot/gate_forms.py)
 
 
 # --------------------------------------------------------------------------------------------
 # Argument tables
 
-_REQUIRED = ("q", "k", "v", "g", "beta", "A_log", "dt_bias")
-_OPTIONAL = ("out", "initial_state", "final_state", "cu_seqlens", "state_pool", "state_indices", "checkpoints",
+_REQUIRED = ("q", "k", "v", "g", "beta")
+_OPTIONAL = ("A_log", "dt_bias", "out", "initial_state", "final_state", "cu_seqlens", "state_pool", "state_indices", "checkpoints",
              "checkpoint_index")
 _INPUTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens", "state_indices")
 # Written in place. state_pool is read too (its entry states) but written where it is read: it
@@ -75,8 +77,8 @@ _DTYPES: Dict[str, Tuple[str, ...]] = {
     "q": (_BF16,),
     "k": (_BF16,),
     "v": (_BF16,),
-    "g": (_BF16,),
-    "beta": (_BF16,),
+    "g": (_BF16, _FP32),  # fp32 only with gate="log_decay" (_check_form_dtypes)
+    "beta": (_BF16, _FP32),
     "out": (_BF16,),
     "A_log": (_FP32,),
     "dt_bias": (_FP32,),
@@ -95,8 +97,8 @@ _DTYPES: Dict[str, Tuple[str, ...]] = {
 # 16 bytes; beta is read as bf16 pairs, A_log per element, dt_bias in 16-byte vectors.
 Alignment = Mapping[str, Mapping[str, int]]
 ALIGNMENT: Alignment = {
-    "q": {_BF16: 16}, "k": {_BF16: 16}, "v": {_BF16: 16}, "g": {_BF16: 16}, "out": {_BF16: 16},
-    "beta": {_BF16: 2}, "A_log": {_FP32: 4}, "dt_bias": {_FP32: 16},
+    "q": {_BF16: 16}, "k": {_BF16: 16}, "v": {_BF16: 16}, "g": {_BF16: 16, _FP32: 16}, "out": {_BF16: 16},
+    "beta": {_BF16: 2, _FP32: 4}, "A_log": {_FP32: 4}, "dt_bias": {_FP32: 16},
     "initial_state": {_BF16: 16, _FP32: 16}, "final_state": {_BF16: 16, _FP32: 16},
     "cu_seqlens": {_I32: 4, _I64: 8},
     "state_pool": {_BF16: 16, _FP32: 16}, "state_indices": {_I32: 4},
@@ -112,7 +114,8 @@ Tensors = Dict[str, Optional["TensorDesc"]]
 def validate_prefill(*, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, initial_state,
                      final_state, cu_seqlens, out, cp, alignment: Optional[Alignment] = None, state_pool=None,
                      state_indices=None, checkpoint_every=None, checkpoints=None,
-                     checkpoint_index=None, numerics: str = "flashkda") -> Problem:
+                     checkpoint_index=None, numerics: str = "flashkda", gate: str = "safe",
+                     beta_form: str = "logits", allow_neg_eigval: bool = False) -> Problem:
     """Check every argument of a prefill call; return the Problem or raise naming the argument.
 
     `alignment`: bytes per argument and dtype (a manifest's `arg_alignment`); default ALIGNMENT.
@@ -121,7 +124,9 @@ def validate_prefill(*, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, in
                       initial_state=initial_state, final_state=final_state, cu_seqlens=cu_seqlens,
                       state_pool=state_pool, state_indices=state_indices, checkpoints=checkpoints,
                       checkpoint_index=checkpoint_index)
+    gate, beta_form, neg_eigval = parse_form(gate, beta_form, allow_neg_eigval)
     _check_kinds(t)
+    _check_form_arguments(t, gate, lower_bound)
     _check_scalar_kinds(lower_bound=lower_bound, scale=scale)
     every = check_checkpoint_every(checkpoint_every)
     _check_state_options(t, every)
@@ -129,13 +134,14 @@ def validate_prefill(*, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, in
     _check_devices(given)
     _check_writable(given)
     _check_dtypes(given)
+    _check_form_dtypes(t, gate)
     _check_state_dtypes_match(t)
     B, T, H, N = _check_shapes(t)
     n_checkpoints = (B * T) // every if every else 0
     _check_state_io_shapes(t, N, H, n_checkpoints)
     _check_contiguous({name: d for name, d in given.items() if name != "state_pool"})
     _check_alignment(given, ALIGNMENT if alignment is None else alignment)
-    lb = _check_lower_bound(lower_bound)
+    lb = _check_lower_bound(gate, lower_bound)
     sc = _check_scale(scale)
     cp_mode = parse_cp(cp)
     numerics = parse_numerics(numerics)
@@ -152,6 +158,7 @@ def validate_prefill(*, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, in
         has_initial=initial_state is not None,
         has_final=final_state is not None,
         scale=sc, lower_bound=lb, device_id=q.device_id, cp=cp_mode, numerics=numerics,
+        form=Form(gate, beta_form, neg_eigval, g.dtype == _FP32, beta.dtype == _FP32),
         pooled=state_pool is not None,
         n_pool=state_pool.shape[0] if state_pool is not None else 0,
         slot_stride=pool_slot_stride(state_pool) if state_pool is not None else 0,
@@ -260,13 +267,40 @@ def _check_kinds(t: Tensors) -> None:
                             f"got {type(desc).__name__}")
 
 
+def parse_form(gate, beta_form, allow_neg_eigval) -> Tuple[str, str, bool]:
+    """The gate and beta form options (kda_aot/gate_forms.py), each checked by name."""
+    if type(gate) is not str or gate not in GATES:
+        raise ValueError(f"gate: expected one of {', '.join(map(repr, GATES))}, got {gate!r}")
+    if type(beta_form) is not str or beta_form not in BETA_FORMS:
+        raise ValueError(f"beta_form: expected one of {', '.join(map(repr, BETA_FORMS))}, got {beta_form!r}")
+    if not isinstance(allow_neg_eigval, bool):
+        raise TypeError(f"allow_neg_eigval: expected a bool, got {type(allow_neg_eigval).__name__}")
+    if allow_neg_eigval and beta_form != "logits":
+        raise ValueError("allow_neg_eigval: b = 2 sigmoid(beta) needs beta_form='logits'; with "
+                         "beta_form='probs' beta is used as given (scale it yourself)")
+    return gate, beta_form, allow_neg_eigval
+
+
+def _check_form_arguments(t: Tensors, gate: str, lower_bound) -> None:
+    """A_log, dt_bias and lower_bound as the gate form needs them (gate_forms.needs)."""
+    rules = dict(zip(("A_log", "dt_bias", "lower_bound"), needs(gate)))
+    for name in ("A_log", "dt_bias"):
+        if rules[name] == "required" and t[name] is None:
+            raise TypeError(f"{name}: a tensor is required with gate={gate!r}, got None")
+        if rules[name] == "absent" and t[name] is not None:
+            raise ValueError(f"{name}: must be None with gate={gate!r} (g is the caller's log-decay)")
+    if rules["lower_bound"] == "absent" and lower_bound is not None:
+        raise ValueError(f"lower_bound: must be None with gate={gate!r}, which has no lower bound; got "
+                         f"{lower_bound!r}")
+
+
 def _is_real(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 def _check_scalar_kinds(*, lower_bound, scale) -> None:
-    if not _is_real(lower_bound):
-        raise TypeError(f"lower_bound: expected a float, got {type(lower_bound).__name__}")
+    if lower_bound is not None and not _is_real(lower_bound):
+        raise TypeError(f"lower_bound: expected a float or None, got {type(lower_bound).__name__}")
     if scale is not None and not _is_real(scale):
         raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
 
@@ -306,6 +340,13 @@ def _check_dtypes(given: Dict[str, TensorDesc]) -> None:
                             "(nothing is cast)")
 
 
+def _check_form_dtypes(t: Tensors, gate: str) -> None:
+    """An fp32 g is a precomputed log-decay; the in-kernel gates read bf16 projections."""
+    if gate != "log_decay" and t["g"].dtype == _FP32:
+        raise TypeError(f"g: expected dtype bfloat16 with gate={gate!r}, got float32 (float32 only with "
+                        "gate='log_decay'; nothing is cast)")
+
+
 def _check_state_dtypes_match(t: Tensors) -> None:
     initial, final = t["initial_state"], t["final_state"]
     if initial is not None and final is not None and initial.dtype != final.dtype:
@@ -333,7 +374,7 @@ def _check_shapes(t: Tensors) -> Tuple[int, int, int, int]:
         if t[name] is not None:
             _expect_shape(name, t[name], q.shape, "like q")
     _expect_shape("beta", t["beta"], (B, T, H), "[B, T, H]")
-    _check_gate_params(t["A_log"], t["dt_bias"], H)
+    _check_gate_params(t["A_log"], t["dt_bias"], H)  # when given
     N = B if t["cu_seqlens"] is None else _check_cu_seqlens_shape(t["cu_seqlens"], B)
     for name in ("initial_state", "final_state"):
         if t[name] is not None:
@@ -370,9 +411,10 @@ def _check_v_shape(v: TensorDesc, qshape: Tuple[int, ...]) -> None:
     _expect_shape("v", v, qshape, "like q")
 
 
-def _check_gate_params(A_log: TensorDesc, dt_bias: TensorDesc, H: int) -> None:
-    _expect_shape("A_log", A_log, (H,), "[H]")
-    if tuple(dt_bias.shape) not in ((H, D), (H * D,)):
+def _check_gate_params(A_log: Optional[TensorDesc], dt_bias: Optional[TensorDesc], H: int) -> None:
+    if A_log is not None:
+        _expect_shape("A_log", A_log, (H,), "[H]")
+    if dt_bias is not None and tuple(dt_bias.shape) not in ((H, D), (H * D,)):
         raise ValueError(f"dt_bias: expected shape {(H, D)} [H, 128] or {(H * D,)} [H*128], "
                          f"got {tuple(dt_bias.shape)}")
 
@@ -431,11 +473,21 @@ def _is_f32_normal(x: float) -> bool:
     return math.isfinite(y) and abs(y) >= _FLT_MIN
 
 
-def _check_lower_bound(lower_bound) -> float:
-    lb = _to_float(lower_bound)
-    if not math.isfinite(lb) or not (LOWER_BOUND_MIN <= lb < 0.0) or not _is_f32_normal(lb):
-        raise ValueError(f"lower_bound: expected a finite value in [{LOWER_BOUND_MIN:g}, 0) that "
-                         f"is a normal float32 (|x| >= {_FLT_MIN:.3g}), got {lower_bound!r}")
+def _check_lower_bound(gate: str, lower_bound) -> Optional[float]:
+    """gate="safe": in [-5, 0) (FlashKDA's range, which keeps its chunk factors in fp32's range);
+    gate="sigmoid": any finite negative value; None means -5 for both and is the only value of the
+    other forms (_check_form_arguments). Always a normal float32: the kernels take it as one."""
+    resolved = resolve_lower_bound(gate, lower_bound)
+    if resolved is None:
+        return None
+    lb = _to_float(resolved)
+    low = LOWER_BOUND_MIN if needs(gate)[2] == "safe" else -math.inf
+    if not math.isfinite(lb) or not (low <= lb < 0.0) or not _is_f32_normal(lb) or not math.isfinite(
+            as_float32(lb * 1.4426950408889634)):
+        where = f"in [{LOWER_BOUND_MIN:g}, 0)" if low > -math.inf else "below 0"
+        hint = " (gate='sigmoid' takes any negative bound)" if gate == "safe" else ""
+        raise ValueError(f"lower_bound: expected a finite value {where} that is a normal float32 "
+                         f"(|x| >= {_FLT_MIN:.3g}) with gate={gate!r}{hint}, got {lower_bound!r}")
     return lb
 
 

@@ -2,12 +2,28 @@
 
 import functools
 import os
+import sys
 
 import pytest
 
 # JAX takes 75% of the GPU's memory when it first uses it unless told otherwise; the JAX tests share
 # the device with torch and the library (tests/test_frameworks_*.py).
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+
+def _hypothesis_storage_in_the_environment():
+    """Hypothesis keeps its example database and caches in ./.hypothesis, and the test scripts run
+    from /tmp (to import the installed package): they go inside the interpreter's environment
+    (the venv running the tests) instead, unless HYPOTHESIS_STORAGE_DIRECTORY names a place."""
+    try:
+        from hypothesis.configuration import set_hypothesis_home_dir
+    except ImportError:  # no hypothesis: tests/test_wall_properties.py skips
+        return
+    set_hypothesis_home_dir(os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY")
+                            or os.path.join(sys.prefix, ".hypothesis"))
+
+
+_hypothesis_storage_in_the_environment()
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,4 +1,4 @@
-"""One float64 gold test set, shared by the serial and CP paths and both numerics modes (issue 19).
+"""One float64 gold test set, shared by the serial and CP paths and both numerics modes.
 
 Each case is a named input class. Inputs are drawn on the CPU from fixed seeds (then moved), so
 the same case has the same values on every device and the CPU emulation's figures in

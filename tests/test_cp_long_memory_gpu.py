@@ -1,4 +1,4 @@
-"""CP on long-memory inputs, where a wrong carry shows (issue 19).
+"""CP on long-memory inputs, where a wrong carry shows.
 
 With N(0, 1) gates and lower_bound = -5 every channel forgets within a few tokens, so any CP split
 is exact and a CP test on such inputs cannot fail. Here the gates keep state across thousands of
@@ -69,7 +69,7 @@ def test_cp_is_as_close_to_gold_as_serial(cases, name, cp, hint):
     e_ser, e_cp = _errors(serial, gold), _errors(got, gold)
     for what, s, c in (("output", e_ser[0], e_cp[0]), ("final state", e_ser[1], e_cp[1])):
         assert c <= SLACK * s + FLOOR, f"{what}: CP {c:.3e} vs serial {s:.3e} against float64"
-    # Long memory: the split is visible (with short memory CP is bitwise serial, issue 19).
+    # Long memory: the split is visible (with short memory CP is bitwise serial, docs/numerics.md).
     assert not torch.equal(got[0], serial[0]), "CP equals serial bit for bit: these inputs forget too fast"
 
 

@@ -1,4 +1,4 @@
-"""numerics="flashkda" | "accurate" against the float64 gold (issue 19, docs/numerics.md).
+"""numerics="flashkda" | "accurate" against the float64 gold (docs/numerics.md).
 
 One gold set (tests/gold_cases.py) for the serial and CP paths and both modes. "flashkda" keeps
 its bit-for-bit tests against the GPU reference (tests/test_prefill_gpu.py); here both modes are

@@ -83,8 +83,8 @@ def test_k2_kernel_name_takes_a_twin_only_where_it_exists(monkeypatch):
 
 
 @pytest.mark.parametrize("S, N, H, want", [
-    # (segments, sequences, heads) of the CP shapes timed on the H200 (docs/cp_tuning.md, thirteenth
-    # session) -> the fastest (pre_scan split, K2 split) measured for each kernel
+    # (segments, sequences, heads) of the CP shapes timed on the H200 (docs/cp_tuning.md, "Per-kernel
+    # value splits") -> the fastest (pre_scan split, K2 split) measured for each kernel
     (16, 1, 4, (2, 2)),  # H=4 [8192]
     (20, 2, 4, (4, 1)),  # H=4 [8192, 2048]
     (32, 1, 4, (1, 1)),  # H=4 [16384]

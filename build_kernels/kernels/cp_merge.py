@@ -29,7 +29,7 @@ step 16.6 us; one contiguous 64 KiB bulk copy per step 15.8 us; 512-byte bulk co
 (144 per step) 75 us. So M arrives as one bulk copy per step, which needs unpadded rows, and the
 swizzle keeps the B-fragment reads conflict-free without padding. With it, 4 or 16 warps instead
 of 8, or two or four interleaved accumulators instead of one 16-long MMA chain, did not shorten a
-step (docs/cp_tuning.md, third session).
+step (docs/cp_tuning.md, "The merge").
 
 Shared memory (bytes):
   M       2 x 65536: M of the step being computed and of the next one, rows unpadded, swizzled.

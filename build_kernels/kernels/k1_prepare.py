@@ -50,18 +50,26 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64, Uint8, Uint32
 
-from .ptx_ops import f16x2_to_f32x2, f32x2_to_bf16x2, ldg_b32
-from .tile_ops import (CHUNK, D, await_previous_grid, bulk_g2s_tensor, bulk_s2g_elected, raw_tile_layout, round_bf16)
-from .tile_prep import (F32_FACTOR_ROW, PAD_ROW, decayed_images, gate_factors, inverse_fragments, l2norm_hat,
-                        mqk_words, qk_products, select as _select)
+from .ptx_ops import ex2_approx_ftz, f16x2_to_f32x2, f32x2_to_bf16x2, ldg_b32, mul_rn_ftz
+from .tile_ops import (CHUNK, D, LOG2E, await_previous_grid, bulk_g2s_tensor, bulk_s2g_elected, raw_tile_layout, round_bf16)
+from .tile_prep import (BETA_LOGITS, F32_FACTOR_ROW, GATE_LOGDECAY, GATE_SAFE, PAD_ROW, decayed_images,
+                        gate_factors, gate_factors_general, inverse_fragments, l2norm_hat, mqk_words,
+                        product_fragments, qk_products, select as _select, decayed_images_wide, wide_tile_products)
 
 THREADS = 256
 # Five CTAs per SM, set by registers: 48 per thread at most (ptxas would otherwise take 57 for the
 # accurate twin and drop to four). Six (40 registers) spill and measured only 1-2% faster
-# (docs/speed_limits.md, "Thirteenth session").
+# (docs/speed_limits.md).
 CTAS_PER_SM = 5
 ROW_BYTES = D * 2  # one token row of one head, bf16
+G_ROW_BYTES = {False: D * 2, True: D * 4}  # one row of g: bf16, or an fp32 log-decay
 TILE_BYTES = CHUNK * D * 2  # one raw image
+
+
+def _staging_g_layout(g_fp32: bool):
+    """The g staging rows: bf16 at PAD_ROW, or a precomputed fp32 log-decay at F32_FACTOR_ROW (528 B)."""
+    row = F32_FACTOR_ROW if g_fp32 else PAD_ROW
+    return cute.make_layout((CHUNK, row), stride=(row, 1))
 
 
 def _factor_layout(accurate: bool):
@@ -115,7 +123,12 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
                dt_bias: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer, ws_qd: cute.Pointer,
                ws_kd: cute.Pointer, ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer,
                ws_mqk: cute.Pointer, ws_bsig: cute.Pointer, n_seq: Int32, n_heads: Int32, cap: Int32,
-               scale: Float32, gate_c: Float32, accurate: cutlass.Constexpr[bool]):
+               scale: Float32, gate_c: Float32, accurate: cutlass.Constexpr[bool],
+               gate_form: cutlass.Constexpr[int] = GATE_SAFE, beta_form: cutlass.Constexpr[int] = BETA_LOGITS,
+               g_fp32: cutlass.Constexpr[bool] = False):
+    # gate_form GATE_SAFE is FlashKDA's K1; any other form is the general K1 (docs/gate_forms.md), whose
+    # extra code sits under `general` and whose A_log / dt_bias pointers may be null.
+    general = gate_form != GATE_SAFE
     tidx, _, _ = cute.arch.thread_idx()
     tile, head, _ = cute.arch.block_idx()
     await_previous_grid()
@@ -126,8 +139,14 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
     stage_layout = cute.make_layout((CHUNK, PAD_ROW), stride=(PAD_ROW, 1))
     sQin = smem.allocate_tensor(BFloat16, stage_layout, byte_alignment=128)
     sKin = smem.allocate_tensor(BFloat16, stage_layout, byte_alignment=128)
-    sGin = smem.allocate_tensor(BFloat16, stage_layout, byte_alignment=128)
-    sKi = smem.allocate_tensor(BFloat16, raw_tile_layout(), byte_alignment=128)
+    sGin = smem.allocate_tensor(Float32 if cutlass.const_expr(g_fp32) else BFloat16, _staging_g_layout(g_fp32),
+                                byte_alignment=128)
+    if cutlass.const_expr(general):
+        # Ki's buffer holds a wide tile's q^ rows (wide_tile_operands), at the staging stride
+        sKi_buf = smem.allocate_tensor(BFloat16, stage_layout, byte_alignment=128)
+        sKi = cute.make_tensor(sKi_buf.iterator, raw_tile_layout())
+    else:
+        sKi = smem.allocate_tensor(BFloat16, raw_tile_layout(), byte_alignment=128)
     # The decay factors 2^G, 2^-G and gamma: bf16 in FlashKDA's recipe (P4/P5), fp32 with
     # numerics="accurate", whose gated operands are each rounded once (docs/numerics.md, K1').
     factor = Float32 if cutlass.const_expr(accurate) else BFloat16
@@ -135,10 +154,15 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
     sEbar = smem.allocate_tensor(factor, _factor_layout(accurate), byte_alignment=128)
     sGb = smem.allocate_tensor(factor, cute.make_layout(D), byte_alignment=16)
     mbar = smem.allocate_array(Int64, 1)
+    if cutlass.const_expr(general):
+        # G per row and channel (fp32) for wide tiles, and each gate warp's vote "some |G| > FAST_RANGE"
+        sG = smem.allocate_tensor(Float32, cute.make_layout((CHUNK, F32_FACTOR_ROW), stride=(F32_FACTOR_ROW, 1)),
+                                  byte_alignment=128)
+        sWide = smem.allocate_array(Int32, 4)
     # Output images alias the staging buffers: all staging reads finish before barrier B1.
     sQd = cute.make_tensor(sQin.iterator, raw_tile_layout())
     sKd = cute.make_tensor(sKin.iterator, raw_tile_layout())
-    sKr = cute.make_tensor(sGin.iterator, raw_tile_layout())
+    sKr = cute.make_tensor(cute.recast_ptr(sGin.iterator, dtype=BFloat16), raw_tile_layout())
 
     # ---- stage 0: which sequence / rows (every warp by itself, one round of loads), then the load
     # barrier. Initialising the barrier before the lookup instead measured 0.5-1% slower
@@ -158,7 +182,7 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
         row_layout = cute.make_layout(D)
         if warp == 0:
             with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive_and_expect_tx(mbar, 3 * ROW_BYTES * m)
+                cute.arch.mbarrier_arrive_and_expect_tx(mbar, (2 * ROW_BYTES + G_ROW_BYTES[g_fp32]) * m)
         for half in cutlass.range_constexpr(2):
             r = warp + 8 * half
             if r < m:
@@ -169,12 +193,23 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
                     bulk_g2s_tensor(cute.make_tensor(k + row_off, row_layout),
                              cute.make_tensor(sKin.iterator + r * PAD_ROW, row_layout), mbar)
                     bulk_g2s_tensor(cute.make_tensor(g + row_off, row_layout),
-                             cute.make_tensor(sGin.iterator + r * PAD_ROW, row_layout), mbar)
+                             cute.make_tensor(sGin.iterator + r * sGin.layout.stride[0], row_layout), mbar)
 
         # Scalars whose global latency overlaps the bulk loads.
         chan = tidx & (D - 1)
-        a_log_h = cute.make_tensor(a_log, cute.make_layout(n_heads))[head]
-        dt = cute.make_tensor(dt_bias, cute.make_layout(n_heads * D))[head * D + chan]
+        if cutlass.const_expr(general):
+            # A = exp(A_log) (1 without A_log), the bias 0 without dt_bias; log_decay reads neither
+            A = Float32(1.0)
+            dt = Float32(0.0)
+            if cutlass.const_expr(gate_form != GATE_LOGDECAY):
+                if a_log.toint() != Int64(0):
+                    A = ex2_approx_ftz(mul_rn_ftz(cute.make_tensor(a_log, cute.make_layout(n_heads))[head],
+                                                  Float32(LOG2E)))
+                if dt_bias.toint() != Int64(0):
+                    dt = Float32(cute.make_tensor(dt_bias, cute.make_layout(n_heads * D))[head * D + chan])
+        else:
+            a_log_h = cute.make_tensor(a_log, cute.make_layout(n_heads))[head]
+            dt = cute.make_tensor(dt_bias, cute.make_layout(n_heads * D))[head * D + chan]
         # Warp 0 later owns rows lane//4 and lane//4 + 8 of the 16x16 products; padded rows get the
         # logit 0 of the reference (Q7), their L rows are zero anyway and bsig is forced to 0.
         row_lo = lane >> 2
@@ -211,14 +246,36 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
             l2norm_hat(src, row_valid, quad, hat)
         else:
             # ---- stage 2a: gate (P2-P4), thread = key channel.
-            gamma = gate_factors(sGin, sE, sEbar, chan, dt, a_log_h, gate_c, m, factor)
+            if cutlass.const_expr(general):
+                gamma, wide = gate_factors_general(sGin, sE, sEbar, sG, chan, dt, A, gate_c, m, factor, gate_form)
+                ballot = cute.arch.vote_ballot_sync(wide != 0)
+                if lane == 0:
+                    sWide[warp] = _select(ballot != 0, 1, 0, Int32)
+            else:
+                gamma = gate_factors(sGin, sE, sEbar, chan, dt, a_log_h, gate_c, m, factor)
             cute.make_tensor(ws_gt + slot * D, cute.make_layout(D))[chan] = gamma
             sGb[chan] = factor(gamma)
 
         cute.arch.barrier()  # B1: e, ebar, bf(gamma) published; staging reads done
 
+        if cutlass.const_expr(general):
+            wide_tile = sWide[0] | sWide[1] | sWide[2] | sWide[3]  # the same for every thread
+            # a wide tile's q^ / k^ rows (wide_tile_operands) and, after B2, its two products in fp32
+            sQh = cute.make_tensor(sKi_buf.iterator, stage_layout)
+            sKh = cute.make_tensor(cute.recast_ptr(sEbar.iterator, dtype=BFloat16), stage_layout)
+            sL = cute.make_tensor(cute.recast_ptr(sE.iterator, dtype=Float32), cute.make_layout((CHUNK, CHUNK),
+                                                                                                  stride=(CHUNK, 1)))
+            sM = cute.make_tensor(cute.recast_ptr(sE.iterator, dtype=Float32) + CHUNK * CHUNK,
+                                  cute.make_layout((CHUNK, CHUNK), stride=(CHUNK, 1)))
         if warp >= 4:
-            decayed_images(hat, row, quad, is_k, sE, sEbar, sGb, sQd, sKd, sKi, sKr, scale, accurate)
+            if cutlass.const_expr(general):
+                if wide_tile != 0:
+                    # no Ki (2^-G overflows): its buffer and ebar's take q^ and k^ for the products
+                    decayed_images_wide(hat, row, quad, is_k, sE, sG, sQd, sKd, sKr, sQh, sKh, scale, accurate)
+                else:
+                    decayed_images(hat, row, quad, is_k, sE, sEbar, sGb, sQd, sKd, sKi, sKr, scale, accurate)
+            else:
+                decayed_images(hat, row, quad, is_k, sE, sEbar, sGb, sQd, sKd, sKi, sKr, scale, accurate)
             # The S2G bulk copies read the images through the async proxy.
             cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier()  # B2
@@ -235,19 +292,38 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
                 (cute.make_tensor(cute.recast_ptr(sKr.iterator, dtype=Uint8), img_bytes),
                  cute.make_tensor(ws_kr + ws_off, img_bytes)),
             ])
+        if cutlass.const_expr(general):
+            if wide_tile != 0:
+                wide_tile_products(sG, sQh, sKh, sL, sM, warp, lane, scale)
+                cute.arch.barrier()  # B3: the products published
         if warp < 2:
             # (Kd | Qd) Ki^T, 16x16 over K = 128: 8 k-steps in order, fp32 accumulation (P6/P7).
             a_img = _select(warp == 0, sKd.iterator.toint(), sQd.iterator.toint(), Int32) + lane * 16
             b_img = sKi.iterator.toint() + lane * 16
-            acc = qk_products(a_img, b_img)
+            if cutlass.const_expr(general):
+                col0 = 2 * (lane & 3)
+                # a wide tile's products come from wide_tile_products, the others' from the images
+                acc_r = cute.make_rmem_tensor(8, Float32)
+                if wide_tile != 0:
+                    src = _select(warp == 0, sL.iterator.toint(), sM.iterator.toint(), Int32)
+                    frags = product_fragments(src, row_lo, col0)
+                    for i in cutlass.range_constexpr(8):
+                        acc_r[i] = frags[i // 4][i % 4]
+                else:
+                    frags = qk_products(a_img, b_img)
+                    for i in cutlass.range_constexpr(8):
+                        acc_r[i] = frags[i // 4][i % 4]
+                acc = [[acc_r[0], acc_r[1], acc_r[2], acc_r[3]], [acc_r[4], acc_r[5], acc_r[6], acc_r[7]]]
+            else:
+                acc = qk_products(a_img, b_img)
+                # Fragment coordinates: row 8h + row_lo, column 8nb + col0 + {0, 1}; only the diagonal
+                # blocks (h == nb) need per-element masks, compared on block-local indices.
+                col0 = 2 * (lane & 3)
 
-            # Fragment coordinates: row 8h + row_lo, column 8nb + col0 + {0, 1}; only the diagonal
-            # blocks (h == nb) need per-element masks, compared on block-local indices.
-            col0 = 2 * (lane & 3)
             word_out = row_lo * (CHUNK // 2) + (lane & 3)  # u32 index of (row_lo, col0) in a 16x16 bf16 tile
             small_off = slot * (CHUNK * CHUNK)
             if warp == 0:
-                X, sig_lo, sig_hi = inverse_fragments(acc, row_lo, col0, logit_lo, logit_hi)
+                X, sig_lo, sig_hi = inverse_fragments(acc, row_lo, col0, logit_lo, logit_hi, beta_form)
                 mInv = cute.make_tensor(cute.recast_ptr(ws_inv + small_off, dtype=Uint32),
                                         cute.make_layout(CHUNK * CHUNK // 2))
                 for nb in cutlass.range_constexpr(2):
@@ -277,12 +353,15 @@ def k1_prepare(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
                ws_kd: cute.Pointer, ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer,
                ws_mqk: cute.Pointer, ws_bsig: cute.Pointer, t_total: Int32, n_seq: Int32, n_heads: Int32,
                cap: Int32, scale: Float32, gate_c: Float32, stream: cuda.CUstream,
-               accurate: cutlass.Constexpr[bool] = False):
+               accurate: cutlass.Constexpr[bool] = False, gate_form: cutlass.Constexpr[int] = GATE_SAFE,
+               beta_form: cutlass.Constexpr[int] = BETA_LOGITS, g_fp32: cutlass.Constexpr[bool] = False):
     """Packed token-major inputs (q/k/g (t, h, d) at (t*H + h)*128 + d, beta (t, h) at t*H + h);
     gate_c = f32(lb * LOG2E) formed in double on the host. t_total is part of the ABI but not needed:
     every row read lies inside [seq_start[n], seq_start[n+1]). accurate: the numerics="accurate" twin
-    (K1', docs/numerics.md): the same workspace, the gated operands each rounded once."""
+    (K1', docs/numerics.md): the same workspace, the gated operands each rounded once.
+    gate_form / beta_form / g_fp32: the general K1 of docs/gate_forms.md (tile_prep's codes); a_log and
+    dt_bias may then be null pointers, g an fp32 log-decay, beta fp32."""
     _k1_kernel(q, k, g, beta, a_log, dt_bias, seq_start, tile_prefix, ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk,
-               ws_bsig, n_seq, n_heads, cap, scale, gate_c, accurate).launch(
+               ws_bsig, n_seq, n_heads, cap, scale, gate_c, accurate, gate_form, beta_form, g_fp32).launch(
         grid=(cap, n_heads, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True,
         min_blocks_per_mp=CTAS_PER_SM, preferred_smem_carveout=-1)  # -1: compiling needs no GPU

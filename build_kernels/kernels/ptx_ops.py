@@ -78,6 +78,13 @@ def tanh_approx(x, *, loc=None, ip=None) -> Float32:
 
 
 @dsl_user_op
+def lg2_approx_ftz(x, *, loc=None, ip=None) -> Float32:
+    """lg2.approx.ftz.f32 (the softplus gate, docs/gate_forms.md)."""
+    return Float32(_asm([T.f32()], [_ir(x, Float32, loc, ip)], "lg2.approx.ftz.f32 $0, $1;", "=f,f",
+                        False, loc, ip))
+
+
+@dsl_user_op
 def rsqrt_approx_ftz(x, *, loc=None, ip=None) -> Float32:
     """rsqrt.approx.ftz.f32 (spec P1, fast-math rsqrtf)."""
     return Float32(_asm([T.f32()], [_ir(x, Float32, loc, ip)], "rsqrt.approx.ftz.f32 $0, $1;", "=f,f",

@@ -251,7 +251,7 @@ def mma_split(a, b_pair, zero):
 # K1': U rounded once to bf16 for Q4 and Q5):
 #   1  A1 only: FlashKDA's Q2-Q4 (u, v - u, r, U and the output rounded as in docs/algorithm.md §2.4)
 #   2  A1 + A2 + A5: u unrounded, r and U rounded once to bf16, one output rounding
-#   3  the fifth session's recipe: Q4 and Q5 take U as hi + lo (A4; nine more MMAs per n-block,
+#   3  the recipe before K1' and the once-rounded U: Q4 and Q5 take U as hi + lo (A4; nine more MMAs per n-block,
 #      about 12% of the time; with K1' it buys less than K1' itself, docs/numerics.md)
 # The U fragment solve_u_fragment_accurate returns carries its level: a lo half only at level 3, so
 # Q4 and Q5 are mma_split of it at every level.

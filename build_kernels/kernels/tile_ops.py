@@ -27,7 +27,7 @@ def await_previous_grid():
     CTA start let the next kernels' CTAs sit resident in griddepcontrol.wait beside the running
     ones, and serial H=64 T=8192 went from 0.78 to 1.71 ms (docs/cp_tuning.md). A late trigger
     (K2 and pre_scan after their tile loop, the merge in its last step) was slower too: H=8 [8192]
-    CP 0.155 -> 0.186 ms, segmented K2 launched beside the merge (third session, same document).
+    CP 0.155 -> 0.186 ms, segmented K2 launched beside the merge (docs/what_we_tried.md).
     """
     cute.arch.griddepcontrol_wait()
 

@@ -13,8 +13,9 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Uint32
 
 from .ptx_ops import (add_f16x2, add_rn_ftz, ex2_approx_ftz, f32x2_to_bf16x2, f32x2_to_f16x2, fma_rn_ftz,
-                      ld_shared_v4, ldmatrix_x4, mma_m16n8k16_bf16_f32, mma_m16n8k16_f16_f16, movmatrix_trans,
-                      mul_f16x2, mul_rn_ftz, rsqrt_approx_ftz, st_shared_v4, sub_f16x2, u32_as_f32)
+                      ld_shared_v4, ldmatrix_x4, lds_b32, lds_f32, lg2_approx_ftz, mma_m16n8k16_bf16_f32,
+                      mma_m16n8k16_f16_f16, movmatrix_trans, mul_f16x2, mul_rn_ftz, rsqrt_approx_ftz, st_shared_v4,
+                      sub_f16x2, u32_as_f32)
 from .tile_ops import CHUNK, D, LOG2E, bf16x2_to_f32x2, raw_tile_layout, round_bf16, sigmoid_tanh
 
 PAD_ROW = D + 8  # staging row stride in elements (272 B, a multiple of 16 for the bulk copies)
@@ -24,6 +25,20 @@ F16_ONE = 0x3C00
 # per lane with 8 consecutive rows in 8 consecutive lanes: at PAD_ROW (544 B) those rows start 8 banks
 # apart, so a quarter warp touches 16 of the 32 banks (2-way conflicts); at 528 B they start 4 apart.
 F32_FACTOR_ROW = D + 4
+
+# The general K1's forms (docs/gate_forms.md; build_kernels/registry.py names the variants). Gate 0 is
+# FlashKDA's K1 itself, whose code paths below are those of the default arguments.
+GATE_SAFE, GATE_SIGMOID, GATE_SOFTPLUS, GATE_LOGDECAY = 0, 1, 2, 3
+BETA_LOGITS, BETA_LOGITS2, BETA_PROBS = 0, 1, 2
+# A tile whose cumulative log2-decay stays within +-FAST_RANGE on every channel keeps FlashKDA's
+# factorization (2^G, 2^-G): both factors are normal numbers and every product of them, the masked
+# upper triangle of Kd Ki^T included, stays below 2^(FAST_RANGE + 7), inside fp32's 2^128. Other tiles
+# ("wide" tiles) form the two 16 x 16 products element by element (wide_tile_products).
+FAST_RANGE = 120.0
+# log1p(y) by its series below y = 1/16: five terms leave a relative error under y^5 / 6 < 1.6e-7, where
+# lg2.approx(1 + y) would carry an absolute error near 2^-22 on a result of about 1.44 y.
+SOFTPLUS_SERIES_BELOW = 0.0625
+SOFTPLUS_LINEAR_ABOVE = 20.0  # softplus(x) = x past it, as FLA's softplus
 
 
 def select(cond, a, b, ty):
@@ -51,6 +66,11 @@ def _matmul_f16(a_op, b_ops):
 
 def _add(X, Y):
     return [[add_f16x2(X[nb][h], Y[nb][h]) for h in range(2)] for nb in range(2)]
+
+
+def _f32x4(addr):
+    """Four consecutive fp32 values from shared memory (16-byte aligned address)."""
+    return [u32_as_f32(w) for w in ld_shared_v4(addr)]
 
 
 def _f32x8(addr):
@@ -107,6 +127,45 @@ def gate_factors(sGin, sE, sEbar, chan, dt, a_log_h, gate_c, m, factor):
         sEbar[r, chan] = factor(ex2_approx_ftz(-G))
     gamma = ex2_approx_ftz(G)
     return gamma
+
+
+def softplus_log2(x) -> Float32:
+    """log2(1 + e^x) in fp32: softplus(x) in base 2, the activation of gate="softplus" (docs/gate_forms.md)."""
+    t = mul_rn_ftz(x, Float32(LOG2E))
+    y = ex2_approx_ftz(t)
+    ny = -y
+    series = fma_rn_ftz(y, Float32(-0.2), Float32(0.25))
+    for c in (1.0 / 3.0, 0.5, 1.0):
+        series = fma_rn_ftz(ny, series, Float32(c))
+    series = mul_rn_ftz(mul_rn_ftz(y, series), Float32(LOG2E))
+    direct = lg2_approx_ftz(add_rn_ftz(Float32(1.0), y))
+    small = select(y < Float32(SOFTPLUS_SERIES_BELOW), series, direct, Float32)
+    return select(x > Float32(SOFTPLUS_LINEAR_ABOVE), t, small, Float32)
+
+
+def gate_factors_general(sGin, sE, sEbar, sG, chan, dt, A, gate_c, m, factor, gate_form):
+    """P2-P4 of the general K1 for one key channel (one thread): the form's log2-decay per row, its
+    cumulative sum G over the rows (fp32, also kept in sG for wide tiles), e = 2^G and ebar = 2^-G
+    into sE / sEbar as gate_factors writes them. Returns (gamma = 2^G_tot, wide): wide is 1 when
+    |G| exceeds FAST_RANGE on some row of this channel."""
+    G = Float32(0.0)
+    wide = Int32(0)
+    for r in range(CHUNK):
+        x = Float32(sGin[r, chan])
+        if gate_form == GATE_LOGDECAY:
+            a2 = mul_rn_ftz(x, Float32(LOG2E))
+        else:
+            x = add_rn_ftz(x, dt)
+            if gate_form == GATE_SIGMOID:
+                a2 = mul_rn_ftz(gate_c, sigmoid_tanh(mul_rn_ftz(A, x)))
+            else:
+                a2 = mul_rn_ftz(-A, softplus_log2(x))
+        G = add_rn_ftz(G, select(r < m, a2, 0.0, Float32))
+        sE[r, chan] = factor(ex2_approx_ftz(G))
+        sEbar[r, chan] = factor(ex2_approx_ftz(-G))
+        sG[r, chan] = G
+        wide = wide | select(G < Float32(-FAST_RANGE), 1, 0, Int32) | select(G > Float32(FAST_RANGE), 1, 0, Int32)
+    return ex2_approx_ftz(G), wide
 
 
 @cute.jit
@@ -190,6 +249,109 @@ def decayed_images(hat: cute.Tensor, row: Int32, quad: Int32, is_k: cutlass.Bool
     # The S2G bulk copies read the images through the async proxy.
 
 
+@cute.jit
+def decayed_images_wide(hat: cute.Tensor, row: Int32, quad: Int32, is_k: cutlass.Boolean, sE: cute.Tensor,
+                        sG: cute.Tensor, sQd: cute.Tensor, sKd: cute.Tensor, sKr: cute.Tensor, sQh: cute.Tensor,
+                        sKh: cute.Tensor, scale: Float32, accurate: cutlass.Constexpr[bool]):
+    """decayed_images for a wide tile (docs/gate_forms.md): Qd and Kd from e = 2^G <= 1 by the same
+    recipe, Kr = bf(k 2^(G_tot - G)) with the exponent formed as a difference (Ki * gamma would
+    overflow), no Ki; the normed row q^ or k^ is kept (bf16, staging stride) for wide_tile_products."""
+    e_stride = F32_FACTOR_ROW * 4 if cutlass.const_expr(accurate) else PAD_ROW * 2
+    e_row = sE.iterator.toint() + row * e_stride
+    g_row = sG.iterator.toint() + row * (F32_FACTOR_ROW * 4)
+    g_last = sG.iterator.toint() + (CHUNK - 1) * (F32_FACTOR_ROW * 4)
+    bscale = round_bf16(scale)
+    for s in cutlass.range_constexpr(4):
+        j = quad + 4 * s
+        img = 2 * cute.crd2idx((row, 8 * j), raw_tile_layout())
+        words = []
+        for t in cutlass.range_constexpr(4):
+            words.append(hat[4 * s + t])
+        if is_k:
+            st_shared_v4(sKh.iterator.toint() + row * (PAD_ROW * 2) + 16 * j, words)
+            kd = []
+            kr = []
+            for half in cutlass.range_constexpr(2):  # four channels at a time: 48 registers hold it
+                gv = _f32x4(g_row + 32 * j + 16 * half)
+                gl = _f32x4(g_last + 32 * j + 16 * half)
+                ev = _factors4(e_row, j, half, accurate)
+                for t in cutlass.range_constexpr(2):
+                    k0, k1 = bf16x2_to_f32x2(words[2 * half + t])
+                    kd.append(f32x2_to_bf16x2(k0 * ev[2 * t], k1 * ev[2 * t + 1]))
+                    kr.append(f32x2_to_bf16x2(k0 * ex2_approx_ftz(gl[2 * t] - gv[2 * t]),
+                                              k1 * ex2_approx_ftz(gl[2 * t + 1] - gv[2 * t + 1])))
+            st_shared_v4(sKd.iterator.toint() + img, kd)
+            st_shared_v4(sKr.iterator.toint() + img, kr)
+        else:
+            st_shared_v4(sQh.iterator.toint() + row * (PAD_ROW * 2) + 16 * j, words)
+            qd = []
+            for half in cutlass.range_constexpr(2):
+                ev = _factors4(e_row, j, half, accurate)
+                for t in cutlass.range_constexpr(2):
+                    q0, q1 = bf16x2_to_f32x2(words[2 * half + t])
+                    if cutlass.const_expr(accurate):
+                        qd.append(f32x2_to_bf16x2((q0 * ev[2 * t]) * scale, (q1 * ev[2 * t + 1]) * scale))
+                    else:
+                        qe0, qe1 = bf16x2_to_f32x2(f32x2_to_bf16x2(q0 * ev[2 * t], q1 * ev[2 * t + 1]))
+                        qd.append(f32x2_to_bf16x2(qe0 * bscale, qe1 * bscale))
+            st_shared_v4(sQd.iterator.toint() + img, qd)
+
+
+def _factors4(e_row, j, half, accurate):
+    """Four decay factors e of chunk j (channels 8j + 4 half ..): fp32 (accurate) or bf16 widened."""
+    if accurate:
+        return _f32x4(e_row + 32 * j + 16 * half)
+    words = ld_shared_v4(e_row + 16 * j)
+    return bf16x2_to_f32x2(words[2 * half]) + bf16x2_to_f32x2(words[2 * half + 1])
+
+
+@cute.jit
+def wide_tile_products(sG: cute.Tensor, sQh: cute.Tensor, sKh: cute.Tensor, sL: cute.Tensor, sM: cute.Tensor,
+                       warp: Int32, lane: Int32, scale: Float32):
+    """The two 16 x 16 products of a wide tile, element by element: L[i, j] = sum_c k^_i k^_j 2^(G_i - G_j)
+    (j < i) and Mqk[i, j] = scale sum_c q^_i k^_j 2^(G_i - G_j) (j <= i), fp32, every exponent a difference
+    of the cumulative log-decays, so no factor leaves fp32's range (docs/gate_forms.md). Entries above
+    the diagonal are written as 0. Warp w takes rows w and 15 - w (17 pairs), lane l the channels 4l..4l+3;
+    a butterfly over the lanes sums them."""
+    g_base = sG.iterator.toint()
+    q_base = sQh.iterator.toint()
+    k_base = sKh.iterator.toint()
+    g_row_bytes = F32_FACTOR_ROW * 4
+    h_row_bytes = PAD_ROW * 2
+    for rr in cutlass.range_constexpr(2):
+        i = warp
+        if cutlass.const_expr(rr == 1):
+            i = (CHUNK - 1) - warp
+        gi = _f32x4(g_base + i * g_row_bytes + 16 * lane)
+        qi = bf16x2_to_f32x2(lds_b32(q_base + i * h_row_bytes + 8 * lane)) + \
+            bf16x2_to_f32x2(lds_b32(q_base + i * h_row_bytes + 8 * lane + 4))
+        ki = bf16x2_to_f32x2(lds_b32(k_base + i * h_row_bytes + 8 * lane)) + \
+            bf16x2_to_f32x2(lds_b32(k_base + i * h_row_bytes + 8 * lane + 4))
+        for j in cutlass.range(CHUNK, unroll=1):  # a loop, not unrolled: the path is rare, registers are not
+            gj = _f32x4(g_base + j * g_row_bytes + 16 * lane)
+            kj = bf16x2_to_f32x2(lds_b32(k_base + j * h_row_bytes + 8 * lane)) + \
+                bf16x2_to_f32x2(lds_b32(k_base + j * h_row_bytes + 8 * lane + 4))
+            l_sum = Float32(0.0)
+            m_sum = Float32(0.0)
+            for c in cutlass.range_constexpr(4):
+                f = ex2_approx_ftz(gi[c] - gj[c])
+                l_sum = fma_rn_ftz(ki[c] * kj[c], f, l_sum)
+                m_sum = fma_rn_ftz(qi[c] * kj[c], f, m_sum)
+            for step in cutlass.range_constexpr(5):
+                l_sum = l_sum + cute.arch.shuffle_sync_bfly(l_sum, offset=16 >> step)
+                m_sum = m_sum + cute.arch.shuffle_sync_bfly(m_sum, offset=16 >> step)
+            if lane == 0:
+                sL[i, j] = select(j < i, l_sum, 0.0, Float32)
+                sM[i, j] = select(j <= i, m_sum * scale, 0.0, Float32)
+
+
+def product_fragments(src_addr, row_lo, col0):
+    """A 16 x 16 fp32 matrix (row-major, shared address src_addr) in the accumulator layout qk_products
+    returns: acc[nb][2h + e] = M[8h + row_lo, 8nb + col0 + e]."""
+    return [[lds_f32(src_addr + 4 * ((8 * h + row_lo) * CHUNK + 8 * nb + col0 + e)) for h in range(2) for e in range(2)]
+            for nb in range(2)]
+
+
 def qk_products(a_img, b_img):
     """(Kd | Qd) Ki^T, 16x16 over K = 128, for one warp: 8 k-steps in order, fp32 accumulation
     (P6/P7), from the lane's ldmatrix addresses of the A image and of Ki."""
@@ -203,16 +365,25 @@ def qk_products(a_img, b_img):
     return acc
 
 
-def inverse_fragments(acc, row_lo, col0, logit_lo, logit_hi):
-    """P6 and P8 on Kd Ki^T's accumulator: L = hf(acc) scaled by hf(sigma(beta)) per row, strictly
-    lower; X = (I - L)(I + L^2)(I + L^4)(I + L^8), every product fp16-accumulated from zero and every
-    sum a separate fp16 add. Returns (X fragments, sigma(beta) of rows row_lo and row_lo + 8)."""
+def beta_strength(x, beta_form):
+    """b from the loaded beta value: sigma~(x) (FlashKDA's), 2 sigma~(x) (allow_neg_eigval) or x (probabilities)."""
+    if beta_form == BETA_PROBS:
+        return x
+    sig = sigmoid_tanh(x)
+    return mul_rn_ftz(sig, Float32(2.0)) if beta_form == BETA_LOGITS2 else sig
+
+
+def inverse_fragments(acc, row_lo, col0, logit_lo, logit_hi, beta_form=BETA_LOGITS):
+    """P6 and P8 on Kd Ki^T's accumulator: L = hf(acc) scaled by hf(b) per row, strictly lower;
+    X = (I - L)(I + L^2)(I + L^4)(I + L^8), every product fp16-accumulated from zero and every sum a
+    separate fp16 add. b = sigma(beta) for FlashKDA's logits (beta_strength gives the other forms).
+    Returns (X fragments, b of rows row_lo and row_lo + 8)."""
     strict_mask = select(row_lo > col0, 0x0000FFFF, 0, Uint32) | \
         select(row_lo > col0 + 1, 0xFFFF0000, 0, Uint32)
     eye = select(row_lo == col0, F16_ONE, 0, Uint32) | \
         select(row_lo == col0 + 1, F16_ONE << 16, 0, Uint32)
-    sig_lo = sigmoid_tanh(logit_lo)
-    sig_hi = sigmoid_tanh(logit_hi)
+    sig_lo = beta_strength(logit_lo, beta_form)
+    sig_hi = beta_strength(logit_hi, beta_form)
     beta_h = [f32x2_to_f16x2(sig_lo, sig_lo), f32x2_to_f16x2(sig_hi, sig_hi)]  # hf(sigma~(beta_i))
     # P6: L = hf(acc), row scale in fp16, keep i > j. P8: X = I - L (fp16).
     L = []

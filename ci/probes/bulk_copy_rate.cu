@@ -3,7 +3,7 @@
 // row with its own cp.async.bulk; this probe times that against fewer issuing lanes, per-thread
 // cp.async, and larger rows, with nothing else running on the SM (one CTA per SM, a ring of three
 // slots, each slot waited on and refilled at once).
-// Measured on the H200 (fourteenth session, docs/k2_fused.md): 4058, 1751, 254 and 1716 ns per
+// Measured on the H200 (2026-12-01, docs/what_we_tried.md): 4058, 1751, 254 and 1716 ns per
 // tile for the four modes below.
 //   Output: ns per tile per SM for each mode. Exit status 1 on a CUDA error, 2 when the buffers
 //   cannot be allocated.

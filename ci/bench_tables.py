@@ -1,0 +1,192 @@
+"""The benchmark tables of README.md and docs/benchmarks.md, generated from one JSON.
+
+    python ci/bench_tables.py [--json docs/bench/h200.json] [--check]
+
+docs/bench/h200.json is what `python -m kda_aot.bench --json FILE` writes. The generator rewrites
+what lies between the markers
+
+    README.md:          <!-- BENCH:README --> ... <!-- /BENCH:README -->
+    docs/benchmarks.md: <!-- BENCH:TABLES --> ... <!-- /BENCH:TABLES -->
+
+README: one table, the safe gate per input class: kda-aot's CUDA-graph time beside FlashKDA,
+FLA and cuDNN's engine. docs/benchmarks.md: every row (kernels, eager and graph times per class
+and gate form, the peers, accuracy against float64 where the JSON has it) and the host costs.
+With --check nothing is written: it exits 1 naming the first file that differs and its first
+differing line. A file without its markers is an error (exit 1) in both modes.
+It reads both of the benchmark's JSON formats: a list of rows (the first, N(0, 1) gates and the
+safe gate only, no machine or date recorded) and an object with the run's machine, date, peers
+and notes beside "rows".
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JSON = os.path.join("docs", "bench", "h200.json")
+TARGETS = (("README.md", "BENCH:README"), (os.path.join("docs", "benchmarks.md"), "BENCH:TABLES"))
+CLASS_NAMES = {"model": "model (FLA layer init)", "random": "random, N(0, 1)", "long": "long, g ~ N(-8, 1)"}
+
+
+def load(path: str) -> dict:
+    with open(path) as f:
+        return load_data(json.load(f))
+
+
+def load_data(data) -> dict:
+    """The JSON as {"rows": [...], ...}; rows of the first format get gates "random", gate "safe"."""
+    if isinstance(data, list):
+        data = {"format": 1, "rows": data}
+    rows = []
+    for row in data["rows"]:
+        row = dict(row)
+        row.setdefault("gates", "random")
+        row.setdefault("gate", "safe")
+        rows.append(row)
+    return dict(data, rows=rows)
+
+
+def ms(x) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def err(pair) -> str:
+    return "-" if pair is None else f"{pair[0]:.2e} / {pair[1]:.2e}"
+
+
+def flashkda(row) -> str:
+    """This run's FlashKDA time, else the published one (marked), else '-'."""
+    if row.get("FlashKDA ms (this run)") is not None:
+        return ms(row["FlashKDA ms (this run)"])
+    published = row.get("FlashKDA ms (published, same H200 kind)")
+    return "-" if published is None else f"{published:.3f} (published)"
+
+
+def seqs(row) -> str:
+    """bench.shape_key's name as the docs write it: [8192, 2048], 8 x [1024], uneven6."""
+    key = str(row["sequences"])
+    if not key[:1].isdigit():
+        return key
+    if "x" in key:
+        n, length = key.split("x")
+        return f"{n} x [{length}]"
+    return "[" + key.replace("+", ", ") + "]"
+
+
+def provenance(data: dict) -> str:
+    if data.get("format", 1) == 1:
+        return ("Machine and date are not recorded in this JSON (the benchmark's first format); "
+                "N(0, 1) gates only.")
+    peers = ", ".join(f"{k} {v}" for k, v in sorted(data.get("peers", {}).items()) if v) or "none"
+    return (f"{data.get('machine', '?')}, {data.get('date', '?')}, kda-aot {data.get('kda_aot', '?')}, "
+            f"torch {data.get('torch', '?')}; peers: {peers}. Median of {data.get('iters', '?')} CUDA-event "
+            f"timings after {data.get('warmup', '?')} warm-ups.")
+
+
+def readme_block(data: dict) -> str:
+    """H, sequences, class; kda-aot graph ms, FlashKDA, FLA, cuDNN engine (graph, else eager)."""
+    lines = ["| H, sequences | gates | kda-aot | FlashKDA | FLA | cuDNN engine |", "|---|---|---|---|---|---|"]
+    for row in data["rows"]:
+        if row["gate"] != "safe":
+            continue
+        cudnn = row.get("cuDNN graph ms")
+        cudnn_cell = ms(cudnn) if cudnn is not None else (
+            f"{ms(row['cuDNN eager ms'])} (eager)" if row.get("cuDNN eager ms") is not None else "-")
+        lines.append(f"| {row['H']} {seqs(row)} | {CLASS_NAMES.get(row['gates'], row['gates'])} | "
+                     f"{ms(row.get('graph ms'))} | {flashkda(row)} | {ms(row.get('FLA ms'))} | {cudnn_cell} |")
+    lines += ["", "ms per call, CUDA-graph replay for kda-aot and cuDNN's engine, eager calls for FlashKDA and FLA. "
+              + provenance(data)]
+    return "\n".join(lines)
+
+
+def tables_block(data: dict) -> str:
+    """Every row, the peers and the errors, then the host costs and the run's notes."""
+    rows = data["rows"]
+    lines = [provenance(data), "",
+             "| H, sequences | gates | gate (g) | floor | kernels | eager | eager+seq_lens | graph | plan | FlashKDA "
+             "(bitwise) | FLA | cuDNN graph / eager (host us) | error o / state: kda-aot | cuDNN | FLA |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        fk = flashkda(row)
+        if row.get("FlashKDA bitwise"):
+            fk += f" ({row['FlashKDA bitwise']})"
+        if row.get("cuDNN graph ms") is not None or row.get("cuDNN eager ms") is not None:
+            host = row.get("cuDNN host us")
+            cudnn = f"{ms(row.get('cuDNN graph ms'))} / {ms(row.get('cuDNN eager ms'))}" + (
+                f" ({host:.0f})" if host is not None else "")
+        else:
+            cudnn = "-"
+        gate = row["gate"] + (f" ({row['g dtype']})" if row.get("g dtype") else "")
+        lines.append(" | ".join([
+            f"| {row['H']} {seqs(row)}", CLASS_NAMES.get(row["gates"], row["gates"]), gate,
+            ms(row.get("floor ms")), ms(row.get("kernels ms")), ms(row.get("eager ms")),
+            ms(row.get("eager+seq_lens ms")), ms(row.get("graph ms")), str(row.get("plan", "-")), fk,
+            ms(row.get("FLA ms")), cudnn, err(row.get("error kda-aot")), err(row.get("error cuDNN")),
+            err(row.get("error FLA"))]) + " |")
+    lines += ["", "ms per call. Errors: relative RMSE of the output and the final state against the float64 gold "
+              "(bf16 final states for kda-aot and cuDNN, fp32 for FLA)."]
+    notes = sorted({row["cuDNN note"] for row in rows if row.get("cuDNN note")})
+    notes = list(data.get("notes", [])) + [f"cuDNN: {n}" for n in notes]
+    if notes:
+        lines += [""] + [f"- {n}" for n in notes]
+    if data.get("host_cost"):
+        lines += ["", "| host us per call (fresh tensors) | us |", "|---|---|"]
+        lines += [f"| {label} | {us:.1f} |" for label, us in data["host_cost"]]
+    return "\n".join(lines)
+
+
+def replace_block(text: str, marker: str, block: str, name: str) -> str:
+    start, end = f"<!-- {marker} -->", f"<!-- /{marker} -->"
+    i, j = text.find(start), text.find(end)
+    if i < 0 or j < i:
+        raise KeyError(f"{name}: the markers {start} ... {end} are missing")
+    return text[:i + len(start)] + "\n" + block + "\n" + text[j:]
+
+
+def render(data: dict, texts: dict) -> dict:
+    """{file name: new text} for `texts` ({file name: current text})."""
+    blocks = {"BENCH:README": readme_block(data), "BENCH:TABLES": tables_block(data)}
+    return {name: replace_block(texts[name], marker, blocks[marker], name) for name, marker in TARGETS}
+
+
+def first_difference(name: str, old: str, new: str) -> str:
+    for line in difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=0):
+        if line.startswith(("-", "+")) and not line.startswith(("---", "+++")):
+            return f"{name} differs from the JSON's tables, first at: {line}"
+    return f"{name} differs from the JSON's tables"
+
+
+def main(argv=None, repo: str = REPO) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", default=os.path.join(repo, JSON))
+    parser.add_argument("--check", action="store_true", help="exit 1 if a file differs from what the JSON gives")
+    args = parser.parse_args(argv)
+    data = load(args.json)
+    texts = {}
+    for name, _ in TARGETS:
+        with open(os.path.join(repo, name)) as f:
+            texts[name] = f.read()
+    try:
+        new = render(data, texts)
+    except KeyError as exc:
+        print(f"ci/bench_tables.py: {exc.args[0]}", file=sys.stderr)
+        return 1
+    for name, _ in TARGETS:
+        if new[name] == texts[name]:
+            continue
+        if args.check:
+            print("ci/bench_tables.py: " + first_difference(name, texts[name], new[name])
+                  + " (run python ci/bench_tables.py)", file=sys.stderr)
+            return 1
+        with open(os.path.join(repo, name), "w") as f:
+            f.write(new[name])
+        print(f"rewrote the tables of {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
