@@ -513,20 +513,20 @@ def test_chunk_kda_value_errors(stand_in, change, message):
 # the README's example
 
 def readme_example(device: str) -> str:
-    """The python block of README's "Use from torch / FLA drop-in" section, on `device`."""
+    """The python block of README's "FLA drop-in" section, on `device`."""
     from pathlib import Path
 
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = text.split("## Use from torch / FLA drop-in", 1)[1]
+    section = text.split("## FLA drop-in", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     assert 'dev = 4, "cuda"' in code
     return code.replace('dev = 4, "cuda"', f'dev = 4, "{device}"')
 
 
 def test_readme_example_runs_with_the_stand_in(stand_in):
-    torch._dynamo.reset()
     scope = {}
     exec(compile(readme_example("cpu"), "README.md", "exec"), scope)
     assert scope["o"].shape == (1, 300, 4, D) and scope["ht"].shape == (2, 4, D, D)
-    assert scope["o2"].shape == (1, 300, 4, D) and scope["s2"].shape == (2, 4, D, D)
-    assert scope["s2"].dtype == torch.float32 and len(stand_in.calls) == 2
+    assert scope["ht"].dtype == torch.float32 and len(stand_in.calls) == 1
+    call = stand_in.calls[0]
+    assert call["gate"] == "safe" and call["cu_seqlens_cpu"].tolist() == [0, 200, 300]

@@ -291,7 +291,6 @@ def test_readme_example_runs_and_matches_the_direct_call():
     sys.path.insert(0, os.path.dirname(__file__))
     from test_torch_op_cpu import readme_example
 
-    torch._dynamo.reset()
     scope = {}
     exec(compile(readme_example("cuda"), "README.md", "exec"), scope)
     s = scope
@@ -299,9 +298,6 @@ def test_readme_example_runs_and_matches_the_direct_call():
                             initial_state=s["h0"].transpose(-1, -2).contiguous(), output_final_state=True,
                             cu_seqlens=s["cu"])
     assert torch.equal(s["o"], o) and torch.equal(s["ht"], fs.transpose(-1, -2))
-    o2, fs2 = kda_aot.prefill(s["q"], s["k"], s["v"], s["g"], s["beta"], A_log=s["A_log"], dt_bias=s["dt_bias"],
-                              initial_state=fs, output_final_state=True, cu_seqlens=s["cu"])
-    assert torch.equal(s["o2"], o2) and torch.equal(s["s2"], fs2)
 
 
 # ---------------------------------------------------------------------------------------------
