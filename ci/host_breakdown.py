@@ -1,11 +1,20 @@
 """Where the host time of one small eager call goes, piece by piece (device diagnostic).
 
-    python3 ci/host_breakdown.py
+    python3 ci/host_breakdown.py [--engines]
 
 Times, per call, the intake (signature, pointers, plan lookup, pointer checks), one torch
 allocation, the native launch of the whole program, and whole calls, each in batches queued
 behind a sleep kernel so that nothing waits for the GPU. Needs torch and a Hopper GPU.
+
+--engines times the engine-facing paths against kda_aot.prefill on the same problem and buffers,
+each call with fresh tensor objects (views of the same memory, made before the timing, as an
+engine hands new tensors every step): kda_aot.flashkda_compat.fwd (FlashKDA's call),
+kda_aot.torch.chunk_kda, and fla.ops.kda.chunk_kda through FLA's backend registry (when fla is
+installed), all under torch.inference_mode().
 """
+
+import itertools
+import sys
 
 import torch
 
@@ -63,5 +72,73 @@ def main():
         print(f"| {name} | {us:.2f} us |")
 
 
+def engine_rows(H: int = 4, lens=(256, 64), sets: int = 1024):
+    """(name, us) of kda_aot.prefill and the engine paths over it, FlashKDA's form, fp32 states."""
+    import kda_aot.torch as kt
+    from kda_aot import flashkda_compat as fk
+
+    x, cu32, _, _ = bench.make_case(H, list(lens))
+    cu = cu32.long()
+    N, T = len(lens), sum(lens)
+    h0 = x["initial_state"].float()
+    out = torch.empty(1, T, H, 128, dtype=torch.bfloat16, device="cuda")
+    final = torch.empty(N, H, 128, 128, dtype=torch.float32, device="cuda")
+    ws = torch.empty(fk.get_workspace_size(T, H, N), dtype=torch.uint8, device="cuda")
+    names = ("q", "k", "v", "g", "beta", "A_log", "dt_bias")
+    base = [x[n] for n in names] + [h0, cu, out, final, ws]
+    # fresh tensor objects for every call, made outside the timed loop
+    fresh = itertools.cycle([[t.view(t.shape) for t in base] for _ in range(sets)])
+    scale = 128 ** -0.5
+
+    def prefill_given():
+        q, k, v, g, beta, A_log, dt_bias, h0, cu, out, final, ws = next(fresh)
+        return kda_aot.prefill(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, lower_bound=-5.0, scale=scale,
+                               initial_state=h0, output_final_state=True, final_state=final, out=out, cu_seqlens=cu,
+                               workspace=ws, cp="off")
+
+    def prefill_alloc():
+        q, k, v, g, beta, A_log, dt_bias, h0, cu, *_ = next(fresh)
+        return kda_aot.prefill(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, lower_bound=-5.0, scale=scale,
+                               initial_state=h0, output_final_state=True, cu_seqlens=cu)
+
+    def compat_fwd():
+        q, k, v, g, beta, A_log, dt_bias, h0, cu, out, final, ws = next(fresh)
+        fk.fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, -5.0, h0, final, cu, workspace=ws)
+
+    flags = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+                 safe_gate=True, lower_bound=-5.0, state_v_first=True)
+
+    def chunk_kda(fn):
+        def call():
+            q, k, v, g, beta, A_log, dt_bias, h0, cu, *_ = next(fresh)
+            return fn(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                      A_log=A_log, dt_bias=dt_bias, **flags)
+        return call
+
+    rows = [("kda_aot.prefill, all buffers given (cp='off')", prefill_given),
+            ("kda_aot.flashkda_compat.fwd, same buffers", compat_fwd),
+            ("kda_aot.prefill, outputs + workspace allocated", prefill_alloc),
+            ("kda_aot.torch.chunk_kda (outputs allocated)", chunk_kda(kt.chunk_kda))]
+    from kda_aot import fla_backend
+
+    if fla_backend.BACKEND is not None:
+        from fla.ops.kda import chunk_kda as fla_chunk_kda
+
+        with torch.inference_mode():  # the row must time kda-aot's backend, not a fallback
+            ok, why = fla_backend.verify(*base[:5], scale=scale, initial_state=h0, output_final_state=True,
+                                         cu_seqlens=cu, A_log=x["A_log"], dt_bias=x["dt_bias"], **flags)
+        if not ok:
+            raise SystemExit(f"the FLA backend declines the timed call: {why}")
+        rows.append(("fla.ops.kda.chunk_kda -> kda-aot backend (outputs allocated)", chunk_kda(fla_chunk_kda)))
+    else:
+        print("fla is not installed: no FLA backend row")
+    with torch.inference_mode():
+        return [(name, per_call(fn)) for name, fn in rows]
+
+
 if __name__ == "__main__":
-    main()
+    if "--engines" in sys.argv[1:]:
+        for name, us in engine_rows():
+            print(f"| {name} | {us:.2f} us |")
+    else:
+        main()

@@ -8,6 +8,7 @@ workspace, so opcheck sees the same mutations the kernels make. What it cannot c
 kernels behind the op, tests/test_torch_op_gpu.py does.
 """
 
+import os
 import subprocess
 import sys
 import warnings
@@ -25,39 +26,20 @@ from kda_aot import api, reference  # noqa: E402
 D = 128
 
 
-# ---------------------------------------------------------------------------------------------
-# the CPU stand-in for the kernels
-
-class StandIn:
-    """api.prefill's contract on CPU tensors, computed by reference.gold_prefill; records calls."""
-
-    def __init__(self):
-        self.calls = []
-
-    def __call__(self, q, k, v, g, beta, *, A_log, dt_bias, lower_bound=-5.0, scale=None, initial_state=None,
-                 output_final_state=False, cu_seqlens=None, out=None, final_state=None, workspace=None,
-                 seq_lens=None, cu_seqlens_cpu=None, cp="auto", **rest):
-        self.calls.append(dict(q=q, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, scale=scale,
-                               initial_state=initial_state, output_final_state=output_final_state,
-                               cu_seqlens=cu_seqlens, seq_lens=seq_lens, cu_seqlens_cpu=cu_seqlens_cpu, cp=cp,
-                               numerics=rest.get("numerics")))
-        o64, s64 = reference.gold_prefill(q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, initial_state,
-                                          cu_seqlens)
-        o = q.new_empty(q.shape) if out is None else out
-        o.copy_(o64)
-        if not output_final_state:
-            return o, None
-        if final_state is None:
-            final_state = q.new_empty(s64.shape, dtype=torch.float32 if initial_state is None else initial_state.dtype)
-        final_state.copy_(s64)
-        if workspace is not None:
-            workspace.fill_(7)  # the kernels write their scratch: opcheck must see it declared
-        return o, final_state
+sys.path.insert(0, os.path.dirname(__file__))
+from torch_stand_ins import FORMS, Recording, StandIn, gold, with_forms  # noqa: E402
 
 
 @pytest.fixture
 def stand_in(monkeypatch):
     fake = StandIn()
+    monkeypatch.setattr(api, "prefill", fake)
+    return fake
+
+
+@pytest.fixture
+def recording(monkeypatch):
+    fake = Recording()
     monkeypatch.setattr(api, "prefill", fake)
     return fake
 
@@ -83,13 +65,19 @@ def test_plain_import_does_not_import_torch_and_kda_aot_torch_registers_the_ops(
 
 def test_schemas_declare_exactly_the_written_arguments():
     functional = str(kt.PREFILL._schema)
-    assert functional.startswith("kda_aot::prefill(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor A_log, "
-                                 "Tensor dt_bias, float lower_bound=-5., float? scale=None, Tensor? initial_state=None, "
-                                 "bool output_final_state=False, Tensor? cu_seqlens=None, Tensor? cu_seqlens_cpu=None")
-    assert functional.endswith("-> (Tensor, Tensor)") and "!" not in functional
+    assert functional.startswith("kda_aot::prefill(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor? A_log, "
+                                 "Tensor? dt_bias, float? lower_bound=None, float? scale=None, "
+                                 "Tensor? initial_state=None, bool output_final_state=False, Tensor? cu_seqlens=None, "
+                                 "Tensor? cu_seqlens_cpu=None")
+    # the gate and beta forms come last: positional callers of the earlier schema keep working
+    assert functional.endswith('str numerics="flashkda", str gate="safe", str beta_form="logits", '
+                               "bool allow_neg_eigval=False) -> (Tensor, Tensor)") and "!" not in functional
     written = [a.name for a in kt.PREFILL_OUT._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
     assert written == ["out", "final_state", "workspace"]
-    assert str(kt.PREFILL_OUT._schema).endswith("-> ()")
+    assert str(kt.PREFILL_OUT._schema).endswith('str gate="safe", str beta_form="logits", '
+                                                "bool allow_neg_eigval=False) -> ()")
+    assert str(kt.PREFILL_POOL._schema).endswith('str gate="safe", str beta_form="logits", '
+                                                 "bool allow_neg_eigval=False) -> Tensor")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,6 +243,23 @@ def test_ops_pass_numerics_through(stand_in, given_out):
     assert stand_in.calls[-1]["numerics"] == "flashkda"  # the operators' default
 
 
+@pytest.mark.parametrize("form", FORMS, ids=[f["gate"] for f in FORMS])
+@pytest.mark.parametrize("op", ["functional", "out"])
+def test_ops_pass_the_gate_and_beta_forms_through(stand_in, form, op):
+    """(The pool op: tests/test_torch_pool_cpu.py.)"""
+    x, params, forms = with_forms(_inputs([10, 6], state="fp32"), form)
+    out = {"out": torch.empty_like(x["q"])} if op == "out" else {}
+    o, fs = kt.prefill(*_args(x), initial_state=x["initial_state"], output_final_state=True, cu_seqlens=x["cu_seqlens"],
+                       **params, **forms, **out)
+    call = stand_in.calls[-1]
+    assert {name: call[name] for name in forms} == forms
+    assert all(call[name] is value for name, value in params.items())  # None stays None, tensors pass as they are
+    assert call["g"].dtype == x["g"].dtype and call["beta"].dtype == x["beta"].dtype
+    o64, s64 = gold(*_args(x), params["A_log"], params["dt_bias"], forms["lower_bound"], None, x["initial_state"],
+                    x["cu_seqlens"], **{k: forms[k] for k in ("gate", "beta_form", "allow_neg_eigval")})
+    assert torch.equal(o, o64.to(torch.bfloat16)) and torch.equal(fs, s64.float())
+
+
 def test_out_variant_allocates_what_is_missing(stand_in):
     x = _inputs((2, 8), state=None)
     out = torch.empty_like(x["q"])
@@ -328,16 +333,6 @@ def test_chunk_kda_without_state_and_without_final(stand_in):
     assert ht is None and o.shape == x["q"].shape
 
 
-def test_chunk_kda_none_gate_parameters_are_zeros(stand_in):
-    """FLA without A_log: gate = lower_bound * sigmoid(g + dt_bias), i.e. exp(A_log) = 1; without
-    dt_bias: no bias."""
-    x = _inputs((1, 9), state=None)
-    kt.chunk_kda(*_args(x), **FLAGS)
-    call = stand_in.calls[-1]
-    assert call["A_log"].dtype == torch.float32 and torch.equal(call["A_log"], torch.zeros(2))
-    assert torch.equal(call["dt_bias"], torch.zeros(2 * D))
-
-
 def test_chunk_kda_widens_bf16_gate_parameters_and_copies_non_contiguous_inputs(stand_in):
     x = _inputs((1, 9), state=None)
     A16, dt16 = x["A_log"].bfloat16(), x["dt_bias"].reshape(-1).bfloat16()
@@ -346,6 +341,10 @@ def test_chunk_kda_widens_bf16_gate_parameters_and_copies_non_contiguous_inputs(
     call = stand_in.calls[-1]
     assert call["q"].is_contiguous() and call["A_log"].dtype == torch.float32
     assert torch.equal(call["A_log"], A16.float()) and torch.equal(call["dt_bias"], dt16.float())
+    with torch.no_grad():  # contiguous inputs pass as they are: no copy behind the caller's back
+        kt.chunk_kda(*_args(x), A_log=x["A_log"], dt_bias=x["dt_bias"], **FLAGS)
+    call = stand_in.calls[-1]
+    assert call["q"] is x["q"] and call["beta"] is x["beta"] and call["A_log"] is x["A_log"]
 
 
 def test_chunk_kda_deprecated_transpose_state_layout(stand_in):
@@ -367,23 +366,103 @@ def test_chunk_kda_accepts_options_that_change_nothing(stand_in):
                      disable_recompute=True, chunk_size=32, use_graph=True, max_num_seqs=2, **FLAGS)
 
 
+# FLA's flags -> kda_aot.prefill's forms (the table of fla_compat's docstring). "A" and "dt" say
+# which of A_log / dt_bias the caller passes; "want" is (gate, beta_form, allow_neg_eigval,
+# lower_bound, A_log passed on, dt_bias passed on).
+GATE_IN = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True)
+MAPPING = [
+    ("flashkda", dict(GATE_IN, safe_gate=True, lower_bound=-5.0), "A dt", ("safe", "logits", False, -5.0, 1, 1)),
+    ("bounded-no-safe-gate", dict(GATE_IN, lower_bound=-2.5), "A dt", ("safe", "logits", False, -2.5, 1, 1)),
+    ("bounded-below-5", dict(GATE_IN, lower_bound=-8.0), "A dt", ("sigmoid", "logits", False, -8.0, 1, 1)),
+    ("bounded-no-A_log", dict(GATE_IN, safe_gate=True, lower_bound=-3.0), "dt",
+     ("sigmoid", "logits", False, -3.0, 0, 1)),
+    ("bounded-no-dt_bias", dict(GATE_IN, lower_bound=-5.0), "A", ("sigmoid", "logits", False, -5.0, 1, 0)),
+    ("bounded-no-params", dict(GATE_IN, lower_bound=-1.0), "", ("sigmoid", "logits", False, -1.0, 0, 0)),
+    ("softplus", dict(GATE_IN), "A dt", ("softplus", "logits", False, None, 1, 1)),
+    ("softplus-no-dt_bias", dict(GATE_IN), "A", ("softplus", "logits", False, None, 1, 0)),
+    ("softplus-neg-eigval", dict(GATE_IN, allow_neg_eigval=True), "A dt", ("softplus", "logits", True, None, 1, 1)),
+    ("softplus-probs", dict(GATE_IN, use_beta_sigmoid_in_kernel=False), "A dt",
+     ("softplus", "probs", False, None, 1, 1)),
+    ("log-decay", dict(use_qk_l2norm_in_kernel=True), "A dt", ("log_decay", "probs", False, None, 0, 0)),
+    ("log-decay-safe-hint", dict(use_qk_l2norm_in_kernel=True, safe_gate=True, lower_bound=-5.0), "",
+     ("log_decay", "probs", False, None, 0, 0)),
+    ("log-decay-logits", dict(use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True),
+     "", ("log_decay", "logits", True, None, 0, 0)),
+]
+
+
+@pytest.mark.parametrize("flags,params,want", [m[1:] for m in MAPPING], ids=[m[0] for m in MAPPING])
+def test_chunk_kda_maps_fla_flags_onto_the_forms(recording, flags, params, want):
+    x = _inputs((1, 9), state=None)
+    given = {name: x[name] for name, word in (("A_log", "A"), ("dt_bias", "dt")) if word in params.split()}
+    kt.chunk_kda(*_args(x), **given, **flags)
+    call = recording.calls[-1]
+    gate, beta_form, neg, lb, a_on, dt_on = want
+    assert (call["gate"], call["beta_form"], call["allow_neg_eigval"], call["lower_bound"]) == (gate, beta_form, neg, lb)
+    assert (call["A_log"] is not None, call["dt_bias"] is not None) == (bool(a_on), bool(dt_on))
+    if a_on:
+        assert call["A_log"] is x["A_log"]
+    if dt_on:
+        assert call["dt_bias"] is x["dt_bias"]
+
+
+@pytest.mark.parametrize("g_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("beta_dtype", [torch.bfloat16, torch.float32])
+def test_chunk_kda_precomputed_gate_and_probabilities_as_vllm_passes_them(stand_in, g_dtype, beta_dtype):
+    """vLLM's Kimi-Linear layer: g an fp32 log-decay computed outside, beta sigmoid-ed in fp32,
+    only use_qk_l2norm_in_kernel=True; A_log and dt_bias are not used (FLA ignores them too)."""
+    x = _inputs([12, 20], state="fp32")
+    g = (-torch.nn.functional.softplus(x["g"].float()) * 3).to(g_dtype)
+    beta = torch.sigmoid(x["beta"].float()).to(beta_dtype)
+    h0 = x["initial_state"].transpose(-1, -2).contiguous()
+    o, ht = kt.chunk_kda(x["q"], x["k"], x["v"], g, beta, initial_state=h0, output_final_state=True,
+                         use_qk_l2norm_in_kernel=True, cu_seqlens=x["cu_seqlens"].long(), A_log=x["A_log"])
+    call = stand_in.calls[-1]
+    assert call["g"] is g and call["beta"] is beta and call["A_log"] is None and call["dt_bias"] is None
+    o64, s64 = gold(x["q"], x["k"], x["v"], g, beta, None, None, None, None, x["initial_state"], x["cu_seqlens"],
+                    gate="log_decay", beta_form="probs")
+    assert torch.equal(o, o64.to(torch.bfloat16)) and torch.equal(ht, s64.transpose(-1, -2).float())
+
+
+def test_chunk_kda_goes_through_the_op_only_when_autograd_or_compile_needs_it(stand_in, monkeypatch):
+    """Eager calls without autograd (serving) call kda_aot.prefill directly: no dispatcher in
+    between. With grad enabled the op is used, so that backward raises instead of silently
+    returning no gradient for q, k, v."""
+    from kda_aot import _torch_ops
+
+    via_op = []
+    real = _torch_ops.prefill
+    monkeypatch.setattr(_torch_ops, "prefill", lambda *a, **kw: via_op.append(1) or real(*a, **kw))
+    x = _inputs((1, 9), state=None)
+    q = x["q"].clone().requires_grad_()
+    o, _ = kt.chunk_kda(q, *_args(x)[1:], A_log=x["A_log"], dt_bias=x["dt_bias"], **FLAGS)
+    assert via_op == [1]
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        o.float().sum().backward()
+    for mode in (torch.no_grad, torch.inference_mode):
+        with mode():
+            kt.chunk_kda(q, *_args(x)[1:], A_log=x["A_log"], dt_bias=x["dt_bias"], **FLAGS)
+    assert via_op == [1] and len(stand_in.calls) == 3
+
+
 UNSUPPORTED = [
     (dict(use_qk_l2norm_in_kernel=False), "^use_qk_l2norm_in_kernel=False"),
-    (dict(use_gate_in_kernel=False), "^use_gate_in_kernel=False"),
-    (dict(use_beta_sigmoid_in_kernel=False), "^use_beta_sigmoid_in_kernel=False"),
-    (dict(safe_gate=False), "^safe_gate=False"),
-    (dict(allow_neg_eigval=True), "^allow_neg_eigval=True"),
     (dict(return_intermediate_states=True), "^return_intermediate_states=True"),
     (dict(cp_context=object()), "^cp_context"),
     (dict(head_first=False), "^head_first: not an option"),
     (dict(q="float16"), "^q: dtype torch.float16"),
     (dict(k="float32"), "^k: dtype torch.float32"),
     (dict(v="float16"), "^v: dtype torch.float16"),
-    (dict(g="float32"), "^g: dtype torch.float32"),
-    (dict(beta="float32"), "^beta: dtype torch.float32"),
+    (dict(g="float32"), "^g: dtype torch.float32 is not supported; kda_aot takes bfloat16 with use_gate_in_kernel"),
+    (dict(use_gate_in_kernel=False, g="float16"), "^g: dtype torch.float16 is not supported; kda_aot takes bfloat16 "
+                                                  "or float32"),
+    (dict(beta="float16"), "^beta: dtype torch.float16"),
     (dict(head_dim=64), "^q: head dim 64"),
     (dict(gva=True), "^v: 4 value heads but q has 2"),
     (dict(state="float16"), "^initial_state: dtype torch.float16"),
+    (dict(A_log="float64"), "^A_log: dtype torch.float64"),
+    (dict(safe_gate=False, lower_bound=0.0), "^lower_bound: 0.0 is not supported"),
+    (dict(safe_gate=False, lower_bound=float("-inf")), "^lower_bound: -inf is not supported"),
 ]
 
 
@@ -404,6 +483,8 @@ def test_chunk_kda_refuses_unsupported_options(change, message):
         args["v"] = torch.cat([args["v"], args["v"]], dim=2)
     if "state" in change:
         kw["initial_state"] = kw["initial_state"].to(getattr(torch, change.pop("state")))
+    if "A_log" in change:
+        kw["A_log"] = kw["A_log"].to(getattr(torch, change.pop("A_log")))
     kw.update(change)
     with pytest.raises(NotImplementedError, match=message):
         kt.chunk_kda(*args.values(), **kw)
@@ -413,10 +494,13 @@ def test_chunk_kda_refuses_unsupported_options(change, message):
     (dict(lower_bound=None), "lower_bound. must be specified"),
     (dict(lower_bound=-6.0), "lower_bound. must be in the safe range"),
     (dict(lower_bound=0.0), "lower_bound. must be in the safe range"),
+    (dict(safe_gate=False, lower_bound=None, A_log=None), "A_log. must be provided when .use_gate_in_kernel=True"),
+    (dict(use_beta_sigmoid_in_kernel=False, allow_neg_eigval=True), "allow_neg_eigval=True. requires"),
     (dict(chunk_size=16), "chunk_size. must be either 32 or 64"),
     (dict(max_num_seqs=3), "^max_num_seqs: cu_seqlens holds 2"),
 ])
 def test_chunk_kda_value_errors(stand_in, change, message):
+    """FLA's own ValueError (same text) for what FLA itself refuses."""
     x = _inputs([4, 4], state=None)
     kw = dict(FLAGS, A_log=x["A_log"], dt_bias=x["dt_bias"], cu_seqlens=x["cu_seqlens"])
     kw.update(change)
@@ -429,20 +513,20 @@ def test_chunk_kda_value_errors(stand_in, change, message):
 # the README's example
 
 def readme_example(device: str) -> str:
-    """The python block of README's "Use from torch / FLA drop-in" section, on `device`."""
+    """The python block of README's "FLA drop-in" section, on `device`."""
     from pathlib import Path
 
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = text.split("## Use from torch / FLA drop-in", 1)[1]
+    section = text.split("## FLA drop-in", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     assert 'dev = 4, "cuda"' in code
     return code.replace('dev = 4, "cuda"', f'dev = 4, "{device}"')
 
 
 def test_readme_example_runs_with_the_stand_in(stand_in):
-    torch._dynamo.reset()
     scope = {}
     exec(compile(readme_example("cpu"), "README.md", "exec"), scope)
     assert scope["o"].shape == (1, 300, 4, D) and scope["ht"].shape == (2, 4, D, D)
-    assert scope["o2"].shape == (1, 300, 4, D) and scope["s2"].shape == (2, 4, D, D)
-    assert scope["s2"].dtype == torch.float32 and len(stand_in.calls) == 2
+    assert scope["ht"].dtype == torch.float32 and len(stand_in.calls) == 1
+    call = stand_in.calls[0]
+    assert call["gate"] == "safe" and call["cu_seqlens_cpu"].tolist() == [0, 200, 300]

@@ -5,12 +5,18 @@ arguments to it and refuses what the pool excludes. tests/test_state_pool_gpu.py
 the device.
 """
 
+import os
+import sys
+
 import pytest
 
 torch = pytest.importorskip("torch")
 
 import kda_aot.torch as kt  # noqa: E402
 from kda_aot import api, reference  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from torch_stand_ins import FORMS, gold, with_forms  # noqa: E402
 
 D = 128
 
@@ -22,12 +28,14 @@ class PoolStandIn:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, q, k, v, g, beta, *, A_log, dt_bias, lower_bound=-5.0, scale=None, cu_seqlens=None,
-                 state_pool=None, state_indices=None, **rest):
-        self.calls.append(dict(rest, lower_bound=lower_bound, scale=scale, state_pool=state_pool))
+    def __call__(self, q, k, v, g, beta, *, A_log=None, dt_bias=None, lower_bound=None, scale=None, cu_seqlens=None,
+                 state_pool=None, state_indices=None, gate="safe", beta_form="logits", allow_neg_eigval=False, **rest):
+        self.calls.append(dict(rest, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, scale=scale,
+                               state_pool=state_pool, gate=gate, beta_form=beta_form, allow_neg_eigval=allow_neg_eigval))
         S, idx = state_pool.shape[0], state_indices.tolist()
         init = torch.stack([state_pool[i] if 0 <= i < S else torch.zeros_like(state_pool[0]) for i in idx])
-        o64, s64 = reference.gold_prefill(q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, init, cu_seqlens)
+        o64, s64 = gold(q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, init, cu_seqlens, gate=gate,
+                        beta_form=beta_form, allow_neg_eigval=allow_neg_eigval)
         for n, i in enumerate(idx):
             if 0 <= i < S:
                 state_pool[i].copy_(s64[n])
@@ -83,3 +91,20 @@ def test_python_face_routes_the_pool_and_refuses_what_it_excludes(stand_in):
                        state_pool=pool, state_indices=idx, **kw)
     with pytest.raises(ValueError, match=r"^state_indices: state_pool and state_indices go together"):
         kt.prefill(*args, A_log=x["A_log"], dt_bias=x["dt_bias"], cu_seqlens=x["cu_seqlens"], state_pool=pool)
+
+
+@pytest.mark.parametrize("form", FORMS, ids=[f["gate"] for f in FORMS])
+def test_pool_op_passes_the_gate_and_beta_forms_through(stand_in, form):
+    x, pool, idx = _case()
+    x, params, forms = with_forms(x, form)
+    before = pool.clone()
+    o, _ = kt.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], cu_seqlens=x["cu_seqlens"], state_pool=pool,
+                      state_indices=idx, **params, **forms)
+    call = stand_in.calls[-1]
+    assert {name: call[name] for name in forms} == forms
+    assert all(call[name] is value for name, value in params.items())
+    init = torch.stack([before[2], torch.zeros_like(before[0]), before[0]])
+    o64, s64 = gold(x["q"], x["k"], x["v"], x["g"], x["beta"], params["A_log"], params["dt_bias"],
+                    forms["lower_bound"], None, init, x["cu_seqlens"],
+                    **{k: forms[k] for k in ("gate", "beta_form", "allow_neg_eigval")})
+    assert torch.equal(o, o64.to(torch.bfloat16)) and torch.equal(pool[2], s64[0].float())

@@ -1,0 +1,208 @@
+"""The torch operators `kda_aot::prefill`, `prefill_out` and `prefill_pool`, and their Python face.
+
+kda_aot/torch.py is the public module (`import kda_aot.torch`); this one holds the operators so
+that the compatibility layers built on them (fla_compat.py, flashkda_compat.py, fla_backend.py)
+import it without importing kda_aot.torch, which imports them: no import cycle.
+
+Why an operator and not just the Python function: torch.compile treats a registered operator as
+one opaque node (no graph break, no tracing into ctypes), its fake implementation gives shapes
+without running anything, and functionalization knows exactly which arguments are written.
+
+Three ops, because an operator cannot return None and an operator that writes into arguments
+cannot also return them (docs/torch.md has the full schemas):
+
+    kda_aot::prefill(q, k, v, g, beta, Tensor? A_log, Tensor? dt_bias, float? lower_bound=None,
+        float? scale=None, Tensor? initial_state=None, bool output_final_state=False,
+        Tensor? cu_seqlens=None, Tensor? cu_seqlens_cpu=None, SymInt[]? seq_lens=None, str cp="auto",
+        str numerics="flashkda", str gate="safe", str beta_form="logits", bool allow_neg_eigval=False)
+        -> (Tensor, Tensor)
+      returns (o, final_state); final_state is a 0-element tensor (state dtype) when
+      output_final_state is False. `prefill` below turns that into None.
+
+    kda_aot::prefill_out(q, k, v, g, beta, A_log, dt_bias, Tensor(a!) out, Tensor(b!)? final_state,
+        Tensor(c!)? workspace, lower_bound, scale, initial_state, cu_seqlens, cu_seqlens_cpu, seq_lens,
+        cp, numerics, gate, beta_form, allow_neg_eigval) -> ()
+      writes o into `out` and, when given, the final state into `final_state`; `workspace` is
+      scratch the kernels write.
+
+    kda_aot::prefill_pool(q, k, v, g, beta, A_log, dt_bias, Tensor(a!) state_pool, Tensor state_indices,
+        lower_bound, scale, cu_seqlens, cu_seqlens_cpu, seq_lens, cp, gate, beta_form, allow_neg_eigval)
+        -> Tensor
+      returns o; reads and writes the state pool in place (docs/state_pool.md).
+
+The gate and beta forms (`gate`, `beta_form`, `allow_neg_eigval`, and `lower_bound` None meaning
+the form's default) are kda_aot.prefill's, passed through unchanged; the new arguments come last
+so that positional callers of the earlier schemas keep working. All three run `kda_aot.prefill` on
+torch's current stream, so they work inside CUDA graph capture as the plain call does. They have
+no autograd formula: a forward with inputs that require grad works, backward raises.
+"""
+
+from typing import List, Optional, Tuple
+
+import torch  # absolute: the top-level torch
+
+from .abi_constants import D
+from . import api
+
+
+# Inductor must hand the kernels the strides eager code would, never a layout of its own choosing.
+TAGS = (torch.Tag.needs_exact_strides,) if hasattr(torch.Tag, "needs_exact_strides") else (
+    torch.Tag.needs_fixed_stride_order,)
+
+
+def state_dtype(initial_state: Optional[torch.Tensor]) -> torch.dtype:
+    """The final state's dtype when prefill allocates it: initial_state's, else fp32 (api rule)."""
+    return torch.float32 if initial_state is None else initial_state.dtype
+
+
+def num_sequences(q: torch.Tensor, cu_seqlens: Optional[torch.Tensor]):
+    return q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+
+
+# ---------------------------------------------------------------------------------------------
+# kda_aot::prefill (functional: allocates its outputs)
+
+@torch.library.custom_op("kda_aot::prefill", mutates_args=(), tags=TAGS)
+def _prefill_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], lower_bound: Optional[float] = None,
+                scale: Optional[float] = None, initial_state: Optional[torch.Tensor] = None,
+                output_final_state: bool = False, cu_seqlens: Optional[torch.Tensor] = None,
+                cu_seqlens_cpu: Optional[torch.Tensor] = None, seq_lens: Optional[List[int]] = None,
+                cp: str = "auto", numerics: str = "flashkda", gate: str = "safe", beta_form: str = "logits",
+                allow_neg_eigval: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    # api.prefill is looked up on every call (not bound at import) so CPU tests can stand in a
+    # reference for the kernels and run torch.library.opcheck without a GPU.
+    o, final = api.prefill(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, scale=scale,
+                           initial_state=initial_state, output_final_state=output_final_state,
+                           cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, seq_lens=seq_lens, cp=cp,
+                           numerics=numerics, gate=gate, beta_form=beta_form, allow_neg_eigval=allow_neg_eigval)
+    if final is None:
+        final = q.new_empty((0,), dtype=state_dtype(initial_state))
+    return o, final
+
+
+@_prefill_op.register_fake
+def _prefill_fake(q, k, v, g, beta, A_log, dt_bias, lower_bound=None, scale=None, initial_state=None,
+                  output_final_state=False, cu_seqlens=None, cu_seqlens_cpu=None, seq_lens=None, cp="auto",
+                  numerics="flashkda", gate="safe", beta_form="logits", allow_neg_eigval=False):
+    o = q.new_empty(q.shape)  # bf16 like q whatever the gate's and beta's dtypes
+    dtype = state_dtype(initial_state)
+    if not output_final_state:
+        return o, q.new_empty((0,), dtype=dtype)
+    return o, q.new_empty((num_sequences(q, cu_seqlens), q.shape[2], D, D), dtype=dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# kda_aot::prefill_out (writes into caller buffers)
+
+@torch.library.custom_op("kda_aot::prefill_out", mutates_args=("out", "final_state", "workspace"), tags=TAGS)
+def _prefill_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                    A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], out: torch.Tensor,
+                    final_state: Optional[torch.Tensor], workspace: Optional[torch.Tensor],
+                    lower_bound: Optional[float] = None, scale: Optional[float] = None,
+                    initial_state: Optional[torch.Tensor] = None, cu_seqlens: Optional[torch.Tensor] = None,
+                    cu_seqlens_cpu: Optional[torch.Tensor] = None, seq_lens: Optional[List[int]] = None,
+                    cp: str = "auto", numerics: str = "flashkda", gate: str = "safe", beta_form: str = "logits",
+                    allow_neg_eigval: bool = False) -> None:
+    api.prefill(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, scale=scale,
+                initial_state=initial_state, output_final_state=final_state is not None, cu_seqlens=cu_seqlens,
+                cu_seqlens_cpu=cu_seqlens_cpu, seq_lens=seq_lens, cp=cp, out=out, final_state=final_state,
+                workspace=workspace, numerics=numerics, gate=gate, beta_form=beta_form,
+                allow_neg_eigval=allow_neg_eigval)
+
+
+@_prefill_out_op.register_fake
+def _prefill_out_fake(q, k, v, g, beta, A_log, dt_bias, out, final_state, workspace, lower_bound=None,
+                      scale=None, initial_state=None, cu_seqlens=None, cu_seqlens_cpu=None, seq_lens=None, cp="auto",
+                      numerics="flashkda", gate="safe", beta_form="logits", allow_neg_eigval=False):
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# kda_aot::prefill_pool (reads and writes a state pool in place, docs/state_pool.md)
+
+@torch.library.custom_op("kda_aot::prefill_pool", mutates_args=("state_pool",), tags=TAGS)
+def _prefill_pool_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], state_pool: torch.Tensor,
+                     state_indices: torch.Tensor, lower_bound: Optional[float] = None, scale: Optional[float] = None,
+                     cu_seqlens: Optional[torch.Tensor] = None, cu_seqlens_cpu: Optional[torch.Tensor] = None,
+                     seq_lens: Optional[List[int]] = None, cp: str = "auto", gate: str = "safe",
+                     beta_form: str = "logits", allow_neg_eigval: bool = False) -> torch.Tensor:
+    o, _ = api.prefill(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, scale=scale,
+                       cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, seq_lens=seq_lens, cp=cp,
+                       state_pool=state_pool, state_indices=state_indices, gate=gate, beta_form=beta_form,
+                       allow_neg_eigval=allow_neg_eigval)
+    return o
+
+
+@_prefill_pool_op.register_fake
+def _prefill_pool_fake(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, lower_bound=None, scale=None,
+                       cu_seqlens=None, cu_seqlens_cpu=None, seq_lens=None, cp="auto", gate="safe",
+                       beta_form="logits", allow_neg_eigval=False):
+    return q.new_empty(q.shape)
+
+
+PREFILL = torch.ops.kda_aot.prefill.default
+PREFILL_OUT = torch.ops.kda_aot.prefill_out.default
+PREFILL_POOL = torch.ops.kda_aot.prefill_pool.default
+
+
+# ---------------------------------------------------------------------------------------------
+# the Python face: kda_aot.prefill's signature, through the ops
+
+def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
+            A_log: Optional[torch.Tensor] = None, dt_bias: Optional[torch.Tensor] = None,
+            lower_bound: Optional[float] = None, scale: Optional[float] = None,
+            initial_state: Optional[torch.Tensor] = None, output_final_state: bool = False,
+            cu_seqlens: Optional[torch.Tensor] = None, cu_seqlens_cpu: Optional[torch.Tensor] = None,
+            seq_lens: Optional[List[int]] = None, cp: str = "auto", out: Optional[torch.Tensor] = None,
+            final_state: Optional[torch.Tensor] = None, workspace: Optional[torch.Tensor] = None,
+            state_pool: Optional[torch.Tensor] = None, state_indices: Optional[torch.Tensor] = None,
+            numerics: str = "flashkda", gate: str = "safe", beta_form: str = "logits",
+            allow_neg_eigval: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """kda_aot.prefill through the torch ops: returns (o, final_state or None).
+
+    Same arguments and checks as kda_aot.prefill (README, kda_aot/api.py), gate and beta forms
+    included, less `stream=` (the op runs on torch's current stream: use `with
+    torch.cuda.stream(s)`), `validate=` (reading cu_seqlens back is a sync, out of place in a
+    graph) and the test-only `value_split` and integer `cp`. `cu_seqlens_cpu` may be a CPU tensor,
+    a list or a numpy array. With none of out=, final_state=, workspace= it calls
+    kda_aot::prefill, else kda_aot::prefill_out, allocating whichever output the caller did not give.
+    """
+    if final_state is not None and not output_final_state:
+        raise ValueError("final_state: a buffer was given but output_final_state=False")
+    hint = host_tensor(cu_seqlens_cpu)
+    if state_pool is not None or state_indices is not None:
+        # kda_aot::prefill_pool: the pool is the only written argument besides the returned o
+        for name, value in (("initial_state", initial_state), ("output_final_state", output_final_state or None),
+                            ("out", out), ("final_state", final_state), ("workspace", workspace)):
+            if value is not None:
+                raise ValueError(f"state_pool: kda_aot.torch.prefill takes no {name} with a state pool "
+                                 "(kda_aot.prefill documents the pool; call it directly for out= / workspace=)")
+        if state_pool is None or state_indices is None:
+            raise ValueError("state_indices: state_pool and state_indices go together")
+        if numerics != "flashkda":
+            raise NotImplementedError("numerics: 'accurate' with state_pool is not built; use numerics='flashkda'")
+        return PREFILL_POOL(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, lower_bound, scale,
+                            cu_seqlens, hint, seq_lens, cp, gate, beta_form, allow_neg_eigval), None
+    if out is None and final_state is None and workspace is None:
+        o, final = PREFILL(q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, initial_state, output_final_state,
+                           cu_seqlens, hint, seq_lens, cp, numerics, gate, beta_form, allow_neg_eigval)
+        return o, (final if output_final_state else None)
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if output_final_state and final_state is None:
+        final_state = q.new_empty((num_sequences(q, cu_seqlens), q.shape[2], D, D), dtype=state_dtype(initial_state))
+    PREFILL_OUT(q, k, v, g, beta, A_log, dt_bias, out, final_state, workspace, lower_bound, scale, initial_state,
+                cu_seqlens, hint, seq_lens, cp, numerics, gate, beta_form, allow_neg_eigval)
+    return out, final_state
+
+
+def host_tensor(values):
+    """The op takes the host copy of cu_seqlens as a CPU tensor; lists and arrays become one."""
+    if values is None or isinstance(values, torch.Tensor):
+        return values
+    hint = torch.as_tensor(values)
+    if hint.is_floating_point() or hint.is_complex() or hint.dtype == torch.bool:
+        raise TypeError(f"cu_seqlens_cpu: expected integer entries, got dtype {hint.dtype}")
+    return hint
