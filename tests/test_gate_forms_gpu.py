@@ -102,10 +102,21 @@ def fla_errors(case, o64, s64):
               use_beta_sigmoid_in_kernel=case["beta_form"] == "logits", allow_neg_eigval=case["allow_neg_eigval"],
               safe_gate=gate == "safe", lower_bound=case["lower_bound"], A_log=case["A_log"],
               dt_bias=None if case["dt_bias"] is None else case["dt_bias"].reshape(-1), state_v_first=True)
-    with torch.no_grad():
-        o, s = chunk_kda(case["q"], case["k"], case["v"], case["g"], case["beta"],
-                         initial_state=case["initial_state"], output_final_state=True,
-                         cu_seqlens=case["cu_seqlens"].long(), **kw)
+    import os
+
+    saved = {name: os.environ.get(name) for name in ("FLA_KDA_AOT", "FLA_FLASH_KDA")}
+    os.environ.update(FLA_KDA_AOT="0", FLA_FLASH_KDA="0")  # FLA's own Triton kernels, not a backend
+    try:
+        with torch.no_grad():
+            o, s = chunk_kda(case["q"], case["k"], case["v"], case["g"], case["beta"],
+                             initial_state=case["initial_state"], output_final_state=True,
+                             cu_seqlens=case["cu_seqlens"].long(), **kw)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     return reference.rel_rmse(o, o64), reference.rel_rmse(s, s64)
 
 
