@@ -26,8 +26,8 @@ Checkpoints at given offsets (the fork's `checkpoint_state` [N, (K,) H, 128, 128
 NotImplementedError, and `checkpoint_state` without offsets raises ValueError.
 
 The operator has the vLLM fork's op schema order (workspace after out), so a positional call of
-the fork's `torch.ops._flashkda_C.fwd` maps one to one; it declares out, workspace, final_state and
-checkpoint_state as written, for torch.compile.
+the fork's `torch.ops._flashkda_C.fwd` maps one to one; it declares out, workspace and final_state
+as written, for torch.compile (checkpoint_state is never written while checkpoint_offsets is refused).
 """
 
 from typing import Optional
@@ -100,7 +100,10 @@ def _check_extras(out, checkpoint_state, checkpoint_offsets) -> None:
         raise TypeError("out: FlashKDA's fwd writes the output into `out`; pass a bf16 [B, T, H, 128] buffer")
 
 
-@torch.library.custom_op("kda_aot::flashkda_fwd", mutates_args=("out", "workspace", "final_state", "checkpoint_state"),
+# checkpoint_state is not among the written arguments: it is never written (checkpoint_offsets is
+# refused), and torch 2.11 indexes an omitted trailing written argument out of range when it bumps
+# the written tensors' versions (IndexError on the H200's torch, not on 2.13).
+@torch.library.custom_op("kda_aot::flashkda_fwd", mutates_args=("out", "workspace", "final_state"),
                          tags=_torch_ops.TAGS)
 def _flashkda_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                      scale: float, out: torch.Tensor, workspace: Optional[torch.Tensor], A_log: torch.Tensor,

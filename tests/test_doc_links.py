@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SKIP_DIRS = {".git", ".venv", "build", "dist", "__pycache__", ".pytest_cache", ".whl", ".carry"}
+SKIP_DIRS = {".git", ".venv", "build", "dist", "__pycache__", ".pytest_cache", ".whl", ".carry", ".peers"}
 SUFFIXES = {".py", ".md", ".sh", ".txt", ".toml", ".c", ".h", ".map", ".cu", ".cuh", ".yml"}
 # The scanners' own tests cite made-up documents on purpose.
 SCANNER_TESTS = {"test_doc_links.py", "test_docs.py"}

@@ -101,7 +101,9 @@ def test_op_schema_follows_the_vllm_fork_and_declares_the_written_arguments():
     assert names == ["q", "k", "v", "g", "beta", "scale", "out", "workspace", "A_log", "dt_bias", "lower_bound",
                      "initial_state", "final_state", "cu_seqlens", "checkpoint_state", "checkpoint_offsets", "cp"]
     written = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
-    assert written == ["out", "workspace", "final_state", "checkpoint_state"]
+    # checkpoint_state is never written while checkpoint_offsets is refused (flashkda_compat says why
+    # it is not declared)
+    assert written == ["out", "workspace", "final_state"]
     assert str(schema).endswith("-> ()")
 
 
