@@ -79,6 +79,7 @@ def _kernel_table(rows: list) -> str:
         "typedef struct { const char *name; void (*init)(void **); void (*load_to_device)(void **);",
         "                 void (*call)(void **, int32_t); } kda_kernel_row_t;",
         f"#define KDA_KERNEL_COUNT {len(rows)}",
+        f"#define KDA_MAX_SLOTS {ABI_CONSTANTS.MAX_SLOTS}",
         "static const kda_kernel_row_t kda_kernel_table[] = {", *entries,
         '  {0, 0, 0, 0}',
         "};", "",

@@ -17,6 +17,7 @@ MANIFEST_FORMAT = 3
 
 D = 128  # head dimension, K = V = 128 only (docs/algorithm.md §1.4)
 CHUNK = 16  # tokens per tile (docs/algorithm.md §2.3); the 16x16 inverse and the gate range argument rely on it
+LOG2E = 1.4426950408889634  # log2(e): the gates run in base 2 (docs/algorithm.md §2.4 P2), both wings use it
 VALUE_BLOCKS = (128, 64, 32)  # value rows of the state per K2 / pre_scan CTA (the value-column split)
 
 WORKSPACE_ALIGN = 256  # every workspace region starts 256-byte aligned relative to the base
@@ -36,6 +37,7 @@ SLOT_BYTES = (
 SLOT = dict(SLOT_BYTES)
 
 STATE_BYTES = D * D * 4  # one fp32 [V, K] state: the CP scratch per (segment, head)
+MAX_SLOTS = 256  # argument slots of one native call (program.py builds them, the shim's kda_run holds them)
 
 
 def regstate_name(k2_name: str) -> str:

@@ -20,14 +20,13 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import planner
-from .abi_constants import regstate_name
+from .abi_constants import LOG2E, regstate_name
 from .gate_forms import k1_kernel
 from .loader import KernelLibrary
 from .program import NULL, STREAM, Program, Ref, ws
 from .validation import Problem
 from .workspace import cp_layout, workspace_layout
 
-LOG2E = 1.4426950408889634
 WS_REGIONS = ("qd", "kd", "kr", "gt", "inv", "mqk", "bsig")
 
 

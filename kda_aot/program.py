@@ -18,6 +18,7 @@ from typing import List, Mapping, Sequence, Tuple, Union
 
 import numpy as np
 
+from .abi_constants import MAX_SLOTS  # the shim's KDA_MAX_SLOTS, generated from it
 from .loader import KernelLibrary
 
 # The per-call pointer vector, in this order (kda_run's `inputs`).
@@ -29,7 +30,6 @@ _PACK = struct.Struct(f"<{N_INPUTS}Q").pack
 
 STEP_DTYPE = np.dtype([("kernel", "<i4"), ("first", "<i4"), ("count", "<i4"), ("reserved", "<i4")])
 SLOT_DTYPE = np.dtype([("src", "<i4"), ("reserved", "<i4"), ("add", "<u8")])
-MAX_SLOTS = 256  # kda_shim.c KDA_MAX_SLOTS
 
 
 class Ref:

@@ -27,9 +27,9 @@ from typing import Any, Optional, Sequence, Tuple, Union
 import torch
 
 from .abi_constants import CHUNK, D  # head dim K = V = 128 only (§1.4); tile = chunk of 16 tokens (§2.3)
+from .abi_constants import LOG2E
 from .gate_forms import BETA_FORMS, GATES, resolve_lower_bound
 
-LOG2E = 1.4426950408889634
 L2_EPS = 1e-6  # inside the square root (§2.1)
 
 

@@ -22,9 +22,8 @@ from typing import Any, Optional, Sequence, Tuple, Union
 import ml_dtypes
 import numpy as np
 
-from .abi_constants import CHUNK, D
+from .abi_constants import CHUNK, LOG2E, D
 
-LOG2E = 1.4426950408889634
 L2_EPS = 1e-6
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F32, F64 = np.float32, np.float64

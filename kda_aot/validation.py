@@ -18,7 +18,7 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
-from .abi_constants import D  # head dim: K = V = 128 only
+from .abi_constants import LOG2E, D  # head dim: K = V = 128 only
 from .gate_forms import BETA_FORMS, GATES, Form, needs, resolve_lower_bound
 
 if TYPE_CHECKING:  # kda_aot.tensors imports cuda.core; this module stays importable without it
@@ -483,7 +483,7 @@ def _check_lower_bound(gate: str, lower_bound) -> Optional[float]:
     lb = _to_float(resolved)
     low = LOWER_BOUND_MIN if needs(gate)[2] == "safe" else -math.inf
     if not math.isfinite(lb) or not (low <= lb < 0.0) or not _is_f32_normal(lb) or not math.isfinite(
-            as_float32(lb * 1.4426950408889634)):
+            as_float32(lb * LOG2E)):
         where = f"in [{LOWER_BOUND_MIN:g}, 0)" if low > -math.inf else "below 0"
         hint = " (gate='sigmoid' takes any negative bound)" if gate == "safe" else ""
         raise ValueError(f"lower_bound: expected a finite value {where} that is a normal float32 "

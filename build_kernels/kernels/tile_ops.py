@@ -46,7 +46,7 @@ def raw_tile_layout():
 # inline PTX itself lives in ptx_ops.py only).
 # ---------------------------------------------------------------------------------------------
 
-LOG2E = 1.4426950408889634  # f32(LOG2E) is what spec P2 multiplies A_log by
+LOG2E = ABI_CONSTANTS.LOG2E  # f32(LOG2E) is what spec P2 multiplies A_log by
 
 
 def m_seg_column(row, col):

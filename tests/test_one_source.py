@@ -1,0 +1,46 @@
+"""Facts stated once: each of these numbers and lists has one definition, and every other place
+derives it (no GPU needed). A restatement that drifts would make the two wings disagree silently."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tracked(suffixes):
+    try:
+        names = subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True, check=True,
+                               text=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("no git checkout here")
+    return [ROOT / n for n in names if n.endswith(suffixes)]
+
+
+def test_log2e_is_written_once():
+    hits = [p.relative_to(ROOT).as_posix() for p in _tracked((".py", ".c", ".h", ".cu"))
+            if "1.4426950408889634" in p.read_text(errors="replace") and not p.name.startswith("test_")]
+    assert hits == ["kda_aot/abi_constants.py"], hits
+
+
+def test_restated_constants_are_the_abi_constants():
+    from kda_aot import abi_constants, api, dist_plan, launcher, program, reference
+
+    assert dist_plan.CHUNK is abi_constants.CHUNK and program.MAX_SLOTS is abi_constants.MAX_SLOTS
+    assert launcher.LOG2E is abi_constants.LOG2E and reference.LOG2E is abi_constants.LOG2E
+    # the per-call pointer vector is prefill's tensor arguments, then the stream
+    assert program.INPUTS == api._TENSOR_ARGS + ("stream",)
+
+
+def test_the_shims_slot_limit_comes_from_the_abi_constants():
+    import sys
+
+    sys.path.append(str(ROOT))  # build_kernels lives in the source tree only
+    from build_kernels import __main__ as build
+    from kda_aot import abi_constants
+
+    shim = (ROOT / "build_kernels" / "shim" / "kda_shim.c").read_text()
+    assert "#define KDA_MAX_SLOTS" not in shim and "KDA_MAX_SLOTS" in shim
+    header = build._kernel_table([])
+    assert f"#define KDA_MAX_SLOTS {abi_constants.MAX_SLOTS}" in header
