@@ -19,9 +19,8 @@ declined, with the reason FLA logs, and FLA runs its own kernels.
 Priority 2, ahead of FlashKDA's backend (3; lower runs first). Every call FlashKDA's verifier
 accepts on sm_90 is one this verifier accepts too (FlashKDA's configuration is gate="safe",
 beta logits), and there kda-aot's serial plans return FlashKDA's bits and are faster on the H200
-(README: 1.46-2.18x on FlashKDA's own benchmark shapes, more on long sequences with few heads,
-where kda-aot also splits sequences across SMs, within the context-parallel error bound instead
-of bitwise). Importing kda_aot.torch is the opt-in. FlashKDA keeps every device that is not
+(docs/benchmarks.md; most on long sequences with few heads, where kda-aot also splits sequences
+across SMs, within the context-parallel error bound instead of bitwise). Importing kda_aot.torch is the opt-in. FlashKDA keeps every device that is not
 sm_90, which this verifier declines. `FLA_KDA_AOT=0` disables this backend (FLA's convention, read
 on every call like `FLA_FLASH_KDA`), which hands those calls back to FlashKDA or FLA's Triton path.
 """

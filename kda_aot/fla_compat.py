@@ -142,10 +142,11 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     must match.
 
     States: `initial_state` fp32 (FLA's requirement) or bf16; the final state comes back in the
-    initial state's dtype, fp32 when there is none, as FLA's does. With the default
-    numerics="flashkda" the kernels keep the state in bf16 between chunks (FlashKDA's recipe), so
-    an fp32 state round-trips through bf16; FLA keeps it in fp32. The outputs agree with FLA at
-    bf16-recipe level, not bit for bit.
+    initial state's dtype, fp32 when there is none, as FLA's does. Numerics: FlashKDA's
+    configuration (gate="safe", bf16 logits beta, no allow_neg_eigval) runs FlashKDA's recipe
+    (numerics="flashkda": bf16 state between chunks, so an fp32 state round-trips through bf16,
+    and FlashKDA's bits on serial plans); every other form runs numerics="accurate" (fp32 state),
+    which meets FLA's own error (docs/torch.md). Not bit for bit FLA's in either case.
 
     Layout: `state_v_first=True` ([N, H, V, K]) is the kernels' own layout and costs nothing.
     The default False ([N, H, K, V]) transposes: one copy of the initial state in and one of the
