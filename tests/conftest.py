@@ -63,3 +63,18 @@ def gpu_approx():
     from kda_aot.reference import KernelApprox
 
     return KernelApprox(get_library())
+
+
+@pytest.fixture
+def no_cuda_driver():
+    """Skips where a CUDA driver is installed: for the tests of what a machine without one sees."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        pytest.skip("libcuda.so.1 loads here: a driver is installed")
+    except OSError:
+        pass
+    if ctypes.util.find_library("cuda"):
+        pytest.skip("a libcuda is known to ldconfig here")

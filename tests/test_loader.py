@@ -42,19 +42,9 @@ def test_info_full_adds_the_manifest():
     assert len(info["kernels"]) == info["kernel_count"]
 
 
-def test_info_says_when_there_is_no_driver():
+def test_info_says_when_there_is_no_driver(no_cuda_driver):
     """Without libcuda the runtime's error 35 reads 'driver version is insufficient'; info() must say
     that no driver was found instead (and keep the CUDA error for scripts)."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        ctypes.CDLL("libcuda.so.1")
-        pytest.skip("libcuda.so.1 loads here: a driver is installed")
-    except OSError:
-        pass
-    if ctypes.util.find_library("cuda"):
-        pytest.skip("a libcuda is known to ldconfig here")
     info = kda_aot.info()
     assert info["devices"] == 0
     assert info["device_error"].startswith("no NVIDIA driver found"), info["device_error"]
