@@ -36,7 +36,7 @@ for step in "${STEPS[@]}"; do
     sanitize) run_step sanitize "${KDA_SANITIZE_LIMIT:-300}" bash "$REPO/ci/sanitize.sh" "$WHEEL"
               cat "$WORK/sanitize/sanitize_summary.txt" >> "$SUMMARY" 2>/dev/null ;;
     demo) run_step demo 180 bash "$REPO/ci/demo_flags.sh" "$WHEEL" ;;
-    bench) KDA_SKIP_PROFILE=1 run_step bench "${KDA_BENCH_LIMIT:-300}" bash "$REPO/ci/gpu_bench.sh" "$WHEEL" ${KDA_BENCH_ARGS:-}
+    bench) KDA_SKIP_PROFILE=1 run_step bench "${KDA_BENCH_LIMIT:-900}" bash "$REPO/ci/gpu_bench.sh" "$WHEEL" ${KDA_BENCH_ARGS:---no-accuracy --iters 30 --warmup 5}
            cat "$WORK/bench/bench.md" >> "$SUMMARY" 2>/dev/null ;;
     limits) run_step limits 420 bash "$REPO/ci/ncu_limits.sh" "$WHEEL"
             cat "$WORK/limits/limits.md" >> "$SUMMARY" 2>/dev/null ;;

@@ -360,7 +360,7 @@ def host_us(fn, calls: int = 100, repeats: int = 7, busy: bool = True) -> float:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kda_aot.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m kda_aot.bench", description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--suite", choices=tuple(SUITES), default="peers")
     parser.add_argument("--gates", nargs="+", choices=GATE_CLASSES, default=["model", "random"],
                         help="input classes of kda_aot/input_classes.py, each shape runs on each")

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional
 
 from . import abi_constants
 from .abi_hash import abi_hash, kernel_signature
-from .loader import KdaError
+from .errors import KdaError
 
 MANIFEST_FORMAT = abi_constants.MANIFEST_FORMAT  # the build writes the same number
 DISTRIBUTIONS = ("kda-aot", "kda-aot-cu12", "kda-aot-cu13")

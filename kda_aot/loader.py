@@ -15,33 +15,15 @@ import threading
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from .errors import CUDA_ERROR_INSUFFICIENT_DRIVER, CudaError, KdaError, LibraryNotFoundError  # noqa: F401 (re-exported)
+from .identity import check_library_identity
+
 LIB_DIR = Path(__file__).resolve().parent / "_lib"
 LIB_NAME = "libkda_kernels.so"
 MANIFEST_NAME = "manifest.json"
 # An explicit build directory (holding the library and manifest) wins over the packaged one:
 # used by development builds and the device scripts.
 LIB_DIR_ENV = "KDA_AOT_LIB_DIR"
-
-
-class KdaError(RuntimeError):
-    """Base class of the runtime's own errors."""
-
-
-class LibraryNotFoundError(KdaError):
-    pass
-
-
-# cudaErrorInsufficientDriver: what the runtime answers without a usable driver.
-CUDA_ERROR_INSUFFICIENT_DRIVER = 35
-
-
-class CudaError(KdaError):
-    """A CUDA call inside the library failed; carries the kernel name and the CUDA error."""
-
-    def __init__(self, what: str, code: int, name: str, message: str):
-        super().__init__(f"{what}: CUDA error {code} ({name}): {message}")
-        self.code = code
-        self.cuda_name = name
 
 
 _CTYPES = {"i32": ctypes.c_int32, "i64": ctypes.c_int64, "f32": ctypes.c_float}
@@ -109,7 +91,7 @@ class KernelLibrary:
                 f"kda-aot kernel library not found in {self.directory} (expected {LIB_NAME} and {MANIFEST_NAME}); "
                 "install a built wheel or build from source with `pip install .`")
         self.manifest: dict = json.loads(manifest_path.read_text())
-        from .identity import check_library_identity; check_library_identity(self.manifest, self.path)  # noqa: E702
+        check_library_identity(self.manifest, self.path)
         self._lock = threading.Lock()
         self._lib = ctypes.CDLL(str(self.path))
         # kda_run is called through PyDLL, which keeps the GIL for the call: one prefill's launches
