@@ -25,12 +25,19 @@ def test_log2e_is_written_once():
 
 
 def test_restated_constants_are_the_abi_constants():
-    from kda_aot import abi_constants, api, dist_plan, launcher, program, reference
+    from kda_aot import abi_constants, api, dist_plan, launcher, program, reference_np
 
     assert dist_plan.CHUNK is abi_constants.CHUNK and program.MAX_SLOTS is abi_constants.MAX_SLOTS
-    assert launcher.LOG2E is abi_constants.LOG2E and reference.LOG2E is abi_constants.LOG2E
+    assert launcher.LOG2E is abi_constants.LOG2E and reference_np.LOG2E is abi_constants.LOG2E
     # the per-call pointer vector is prefill's tensor arguments, then the stream
     assert program.INPUTS == api._TENSOR_ARGS + ("stream",)
+
+
+def test_the_torch_reference_reads_the_same_log2e():
+    pytest.importorskip("torch")
+    from kda_aot import abi_constants, reference
+
+    assert reference.LOG2E is abi_constants.LOG2E
 
 
 def test_the_shims_slot_limit_comes_from_the_abi_constants():
