@@ -25,6 +25,7 @@ from typing import Any, Optional, Tuple
 import torch
 
 from .abi_constants import D
+from .gate_forms import Form
 from . import _torch_ops as _ops
 from . import api
 
@@ -204,8 +205,8 @@ def run(check, q, k, v, g, beta, scale, initial_state, output_final_state, use_q
     # FlashKDA's configuration keeps FlashKDA's recipe (its bits); every other form is held to FLA's
     # own error, which numerics="accurate" meets (fp32 state, docs/gate_forms.md) and the bf16-state
     # recipe misses by 1.2-1.8x
-    numerics = "flashkda" if (gate, beta_form, bool(allow_neg_eigval), beta.dtype) == (
-        "safe", "logits", False, torch.bfloat16) else "accurate"
+    form = Form(gate, beta_form, bool(allow_neg_eigval), g.dtype == torch.float32, beta.dtype == torch.float32)
+    numerics = "flashkda" if form.flashkda else "accurate"
     if torch.is_grad_enabled() or torch.compiler.is_compiling():
         o, final = _ops.prefill(*args, A_log=A_log, dt_bias=dt_bias, lower_bound=lb, scale=scale,
                                 initial_state=initial_state, output_final_state=bool(output_final_state),

@@ -249,10 +249,14 @@ def _run(core, math_, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, init
 
 def _gold_core(m, q, k, v, g, beta, A_log, dt_bias, s, *, lb, scale):
     """§2.2 pseudo-code for X (sequence, head) rows at once; q..g [L, X, D], beta [L, X]."""
+    alpha = torch.exp(lb * torch.sigmoid(torch.exp(A_log)[:, None] * (g + dt_bias)))
+    return _delta_rule(m, q, k, v, alpha, torch.sigmoid(beta), s, scale)
+
+
+def _delta_rule(m, q, k, v, alpha, b, s, scale):
+    """The per-token recurrence of §2.2 with the decays alpha [L, X, D] and strengths b [L, X] given."""
     qh = m.l2n(q) * scale
     kh = m.l2n(k)
-    alpha = torch.exp(lb * torch.sigmoid(torch.exp(A_log)[:, None] * (g + dt_bias)))
-    b = torch.sigmoid(beta)
     o = torch.empty_like(v)
     s = s.clone()
     for t in range(q.shape[0]):
@@ -295,17 +299,7 @@ def beta_strength(beta: torch.Tensor, beta_form: str = "logits", allow_neg_eigva
 
 def _gold_core_direct(m, q, k, v, logd, b, A_log, dt_bias, s, *, lb, scale):
     """_gold_core with the log-decay and b given (the gate and beta forms applied before)."""
-    qh = m.l2n(q) * scale
-    kh = m.l2n(k)
-    alpha = torch.exp(logd)
-    o = torch.empty_like(v)
-    s = s.clone()
-    for t in range(q.shape[0]):
-        s.mul_(alpha[t][:, None, :])
-        resid = v[t] - torch.bmm(s, kh[t][:, :, None])[..., 0]
-        s.baddbmm_((b[t][:, None] * resid)[:, :, None], kh[t][:, None, :])
-        o[t] = torch.bmm(s, qh[t][:, :, None])[..., 0]
-    return o, s
+    return _delta_rule(m, q, k, v, torch.exp(logd), b, s, scale)
 
 
 def gold_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
