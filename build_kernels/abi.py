@@ -34,14 +34,16 @@ def signatures(variants: Iterable[Variant]) -> list:
     return [_HASH.kernel_signature(v.to_json()) for v in variants]
 
 
-# Kernel argument name -> prefill argument. Pointers the runtime derives from a prefill argument
-# (carries come from the workspace, not from the caller) are not listed: only what a caller
-# passes is checked by the wall.
+# Kernel argument name -> the prefill arguments it receives. Pointers the runtime derives from a
+# prefill argument (carries come from the workspace, not from the caller) are not listed: only what
+# a caller passes is checked by the wall. K2's checkpoint destination is `checkpoints` (every C
+# tokens) or `checkpoint_state` (at given offsets; a state pool's slots are the pool's own).
 _PREFILL_ARG = {
-    "q": "q", "k": "k", "v": "v", "g": "g", "beta": "beta", "out": "out", "a_log": "A_log",
-    "dt_bias": "dt_bias", "initial_state": "initial_state", "final_state": "final_state",
-    "cu_seqlens": "cu_seqlens", "state_pool": "state_pool", "state_index": "state_indices",
-    "checkpoints": "checkpoints", "checkpoint_index": "checkpoint_index",
+    "q": ("q",), "k": ("k",), "v": ("v",), "g": ("g",), "beta": ("beta",), "out": ("out",), "a_log": ("A_log",),
+    "dt_bias": ("dt_bias",), "initial_state": ("initial_state",), "final_state": ("final_state",),
+    "cu_seqlens": ("cu_seqlens",), "state_pool": ("state_pool",), "state_index": ("state_indices",),
+    "checkpoints": ("checkpoints", "checkpoint_state"), "checkpoint_index": ("checkpoint_index",),
+    "checkpoint_offsets": ("checkpoint_offsets",), "checkpoint_slots": ("checkpoint_slots",),
 }
 
 
@@ -50,8 +52,9 @@ def arg_alignment(variants: Iterable[Variant]) -> Dict[str, Dict[str, int]]:
     table: Dict[str, Dict[str, int]] = {}
     for variant in variants:
         for arg in variant.args:
-            name = _PREFILL_ARG.get(arg.name)
-            if arg.kind == "ptr" and name is not None:
+            if arg.kind != "ptr":
+                continue
+            for name in _PREFILL_ARG.get(arg.name, ()):
                 per_dtype = table.setdefault(name, {})
                 per_dtype[arg.dtype] = max(per_dtype.get(arg.dtype, 0), arg.align)
     return {name: dict(sorted(per_dtype.items())) for name, per_dtype in sorted(table.items())}

@@ -90,12 +90,17 @@ WORKSPACE_ARGS = (
 )
 SEQ_ARGS = (ptr("seq_start", "int32", 4), ptr("tile_prefix", "int32", 4))
 SIZE_ARGS = (scalar("t_total", "i32"), scalar("n_seq", "i32"), scalar("n_heads", "i32"), scalar("cap", "i32"))
+# The inputs' token and head strides in elements (docs/kernel_abi.md): q, k, g, v are read in place
+# as rows of 128 contiguous values at t * stride_t + h * stride_h, beta at t * beta_stride_t + h.
+K1_STRIDES = tuple(scalar(f"{x}_stride_{d}", "i64") for x in ("q", "k", "g") for d in ("t", "h")) + (
+    scalar("beta_stride_t", "i64"),)
+V_STRIDES = (scalar("v_stride_t", "i64"), scalar("v_stride_h", "i64"))
 
 
 def _k1() -> List[Variant]:
     args = (ptr("q", "bfloat16"), ptr("k", "bfloat16"), ptr("g", "bfloat16"), ptr("beta", "bfloat16", 2),
             ptr("a_log", "float32", 4), ptr("dt_bias", "float32", 16)) + SEQ_ARGS + WORKSPACE_ARGS + SIZE_ARGS + (
-            scalar("scale", "f32"), scalar("gate_c", "f32"), STREAM)
+            K1_STRIDES + (scalar("scale", "f32"), scalar("gate_c", "f32"), STREAM))
     return [Variant("k1_prepare", "k1_prepare", "k1_prepare", args,
                     constants=(("accurate", False), ("gate_form", 0), ("beta_form", 0), ("g_fp32", False)))]
 
@@ -158,7 +163,8 @@ def _k2(accurate: bool = False) -> List[Variant]:
             sdt = "float32" if state_fp32 else "bfloat16"
             for vb in VALUE_BLOCKS:
                 args = (ptr("v", "bfloat16"), ptr("out", "bfloat16")) + WORKSPACE_ARGS + SEQ_ARGS + (
-                        SEQ_ORDER, ptr("initial_state", sdt), ptr("final_state", sdt)) + SIZE_ARGS + (STREAM,)
+                        SEQ_ORDER, ptr("initial_state", sdt), ptr("final_state", sdt)) + SIZE_ARGS + V_STRIDES + (
+                        STREAM,)
                 variants.append(Variant(
                     k2_name(has_initial, has_final, state_fp32, vb, accurate), "k2_recurrence", "k2_recurrence", args,
                     constants=(("has_initial", has_initial), ("has_final", has_final),
@@ -178,7 +184,7 @@ def _k2_segments(accurate: bool = False) -> List[Variant]:
             args = (ptr("v", "bfloat16"), ptr("out", "bfloat16")) + WORKSPACE_ARGS + (
                     ptr("seg_start", "int32", 4), ptr("seg_prefix", "int32", 4), ptr("carries", "float32"),
                     ptr("final_state", dtype), ptr("final_slot", "int32", 4), scalar("t_total", "i32"),
-                    scalar("n_seg", "i32"), scalar("n_heads", "i32"), scalar("cap", "i32"), STREAM)
+                    scalar("n_seg", "i32"), scalar("n_heads", "i32"), scalar("cap", "i32")) + V_STRIDES + (STREAM,)
             variants.append(Variant(f"k2_segments_{name}_vb{vb}{_acc(accurate)}", "k2_recurrence", "k2_segments", args,
                                     constants=(("final_fp32", dtype == "float32"), ("value_block", vb),
                                                ("accurate", accurate))))
@@ -210,7 +216,8 @@ def _cp_pre_scan(accurate: bool = False) -> List[Variant]:
     args = (ptr("v", "bfloat16"), ptr("ws_kd", "uint8"), ptr("ws_kr", "uint8"), ptr("ws_gt", "float32"),
             ptr("ws_inv", "bfloat16"), ptr("ws_bsig", "bfloat16"), ptr("seq_start", "int32", 4),
             ptr("tile_prefix", "int32", 4), ptr("scan_seg", "int32", 4), ptr("b_seg", "float32"),
-            ptr("m_seg", "float32"), scalar("n_scan", "i32"), scalar("n_heads", "i32"), scalar("cap", "i32"), STREAM)
+            ptr("m_seg", "float32"), scalar("n_scan", "i32"), scalar("n_heads", "i32"), scalar("cap", "i32")) + (
+            V_STRIDES + (STREAM,))
     return [Variant(f"cp_pre_scan_vb{vb}{_acc(accurate)}", "cp_pre_scan", "cp_pre_scan", args,
                     constants=(("value_block", vb), ("accurate", accurate)))
             for vb in VALUE_BLOCKS]
@@ -246,7 +253,9 @@ def _k2_ext() -> List[Variant]:
                         SEQ_ORDER, ptr("initial_state", "float32" if segments else dtype), ptr("final_state", dtype),
                         ptr("final_slot", "int32", 4), ptr("state_index", "int32", 4), ptr("checkpoints", dtype),
                         ptr("real_seq_start", "int32", 4), scalar("slot_stride", "i64"), scalar("n_pool", "i32"),
-                        scalar("checkpoint_every", "i32"), scalar("n_real", "i32")) + SIZE_ARGS + (STREAM,)
+                        scalar("checkpoint_every", "i32"), scalar("n_real", "i32"),
+                        ptr("checkpoint_table", "int32", 4), scalar("checkpoint_k", "i32"),
+                        scalar("checkpoint_stride", "i64")) + SIZE_ARGS + V_STRIDES + (STREAM,)
                 variants.append(Variant(
                     f"k2_ext_{'segments_' if segments else ''}{name}_vb{vb}", "k2_recurrence", "k2_ext", args,
                     constants=(("segments", segments), ("state_fp32", fp32 or segments), ("final_fp32", fp32),
@@ -272,6 +281,16 @@ def _checkpoint_index() -> List[Variant]:
     args = (ptr("seq_start", "int32", 4), ptr("checkpoint_index", "int32", 4), scalar("n_seq", "i32"),
             scalar("n_slots", "i32"), scalar("checkpoint_every", "i32"), STREAM)
     return [Variant("checkpoint_index", "checkpoint_index", "checkpoint_index", args)]
+
+
+def _checkpoint_table() -> List[Variant]:
+    """The checkpoint table of checkpoints at given offsets (docs/state_pool.md), from offsets of
+    either integer type."""
+    return [Variant(f"checkpoint_table_{it}", "checkpoint_table", "checkpoint_table",
+                    (ptr("checkpoint_offsets", it, 8 if it == "int64" else 4), ptr("checkpoint_slots", "int32", 4),
+                     ptr("seq_start", "int32", 4), ptr("checkpoint_table", "int32", 4), scalar("n_seq", "i32"),
+                     scalar("checkpoint_k", "i32"), scalar("n_dest", "i32"), STREAM))
+            for it in ("int32", "int64")]
 
 
 def _k2_ablation() -> List[Variant]:
@@ -315,7 +334,8 @@ FAMILIES = {"seq_tables": _seq_tables, "k1": _k1, "k2": _k2, "approx": _approx, 
             # the register-state K2
             "k2_regstate": _k2_regstate,
             # the general K1 of every other gate and beta form last
-            "k1_general": lambda: _k1_general(False), "k1_general_accurate": lambda: _k1_general(True)}
+            "k1_general": lambda: _k1_general(False), "k1_general_accurate": lambda: _k1_general(True),
+            "checkpoint_table": _checkpoint_table}
 
 
 def all_variants() -> List[Variant]:

@@ -387,6 +387,10 @@ def main(argv=None) -> int:
                         help="time forced CP segment counts x value splits on the CP suite (planner tuning)")
     parser.add_argument("--checkpoint-cost", action="store_true",
                         help="time checkpoint_every=64 against no checkpoints (H=64 [8192], serial and CP H=8)")
+    parser.add_argument("--contract-cost", action="store_true",
+                        help="time checkpoints at two given offsets per sequence (buffer and pool slots) against none "
+                             "(H=64 [8192]), strided against contiguous inputs on three rows, and the host cost of "
+                             "prefill, flashkda_compat.fwd and FLA's chunk_kda entry with the same buffers")
     args = parser.parse_args(argv)
     # Checked before anything is imported or allocated: a machine that cannot run the benchmark
     # gets one line and exit status 2, not a traceback (kda_aot/cli_checks.py).
@@ -403,6 +407,8 @@ def main(argv=None) -> int:
         return sweep_cp(args)
     if args.checkpoint_cost:
         return checkpoint_cost(args)
+    if args.contract_cost:
+        return contract_cost(args)
     cases = []
     for case in SUITES[args.suite]:
         if case not in cases:  # "all" lists the two shapes the suites share once
@@ -668,6 +674,137 @@ def checkpoint_cost(args, every: int = 64) -> int:
               f"(+{(with_ck / base - 1) * 100:.1f} %, {T // every} checkpoints, {written / 2**20:.0f} MiB written)",
               flush=True)
     return 0
+
+
+STRIDED_ROWS = [(4, [16384]), (64, [8192]), (64, UNEVEN6)]
+
+
+def packed_views(x: dict, T: int, H: int, extra: int = 64):
+    """q, k, v, g as column slices of one [1, T, 4 H 128 + extra] projection and beta as a column
+    slice of a [1, T, H + extra] one (token strides past the packed ones), holding x's values."""
+    import torch
+
+    proj = torch.empty(1, T, 4 * H * 128 + extra, device="cuda", dtype=torch.bfloat16)
+    views = {}
+    for i, name in enumerate(("q", "k", "v", "g")):
+        views[name] = proj[:, :, i * H * 128:(i + 1) * H * 128].view(1, T, H, 128) if False else \
+            proj[:, :, i * H * 128:(i + 1) * H * 128].unflatten(2, (H, 128))
+        views[name].copy_(x[name])
+    wide = torch.empty(1, T, H + extra, device="cuda", dtype=torch.bfloat16)
+    views["beta"] = wide[:, :, :H]
+    views["beta"].copy_(x["beta"])
+    return views
+
+
+def contract_cost(args) -> int:
+    """What the engine contracts cost (docs/state_pool.md, docs/api.md): checkpoints at offsets,
+    strided inputs, and the host cost of the compatible entry points."""
+    import torch
+
+    import kda_aot
+
+    print(f"median of {args.iters} CUDA-event timings, given outputs and workspace, bf16 inputs, fp32 states")
+    H, lens = 64, [8192]
+    x, cu, out, _ = make_case(H, lens)
+    N, T = len(lens), sum(lens)
+    final = torch.empty(N, H, 128, 128, device="cuda", dtype=torch.float32)
+    init = x["initial_state"].float()
+    offsets = torch.tensor([[4096, 8000 // 16 * 16]] * N, device="cuda", dtype=torch.int32)
+    ck = torch.empty(N, 2, H, 128, 128, device="cuda", dtype=torch.float32)
+    pool = torch.zeros(4 * N, H, 128, 128, device="cuda", dtype=torch.float32)
+    idx = torch.arange(N, device="cuda", dtype=torch.int32)
+    slots = (N + torch.arange(2 * N, device="cuda", dtype=torch.int32)).view(N, 2)
+    common = dict(A_log=x["A_log"], dt_bias=x["dt_bias"], cu_seqlens=cu, seq_lens=lens, out=out)
+    plain = dict(common, initial_state=init, output_final_state=True, final_state=final)
+    calls = {"no checkpoints": lambda: kda_aot.prefill(*(x[n] for n in "qkvg"), x["beta"], **plain),
+             "K=2 into checkpoint_state": lambda: kda_aot.prefill(
+                 *(x[n] for n in "qkvg"), x["beta"], **plain, checkpoint_offsets=offsets, checkpoint_state=ck),
+             "pool, no checkpoints": lambda: kda_aot.prefill(
+                 *(x[n] for n in "qkvg"), x["beta"], **common, state_pool=pool, state_indices=idx),
+             "pool, K=2 into pool slots": lambda: kda_aot.prefill(
+                 *(x[n] for n in "qkvg"), x["beta"], **common, state_pool=pool, state_indices=idx,
+                 checkpoint_offsets=offsets, checkpoint_slots=slots)}
+    times = {label: time_ms(fn, args.iters, args.warmup) for label, fn in calls.items()}
+    base, pool_base = times["no checkpoints"], times["pool, no checkpoints"]
+    for label, ms in times.items():
+        ref = pool_base if label.startswith("pool") else base
+        print(f"  checkpoints H={H} {shape_key(lens)}: {label}: {ms:.3f} ms ({(ms / ref - 1) * 100:+.1f} %)",
+              flush=True)
+    x = out = final = ck = pool = None
+    for H, lens in STRIDED_ROWS:
+        x, cu, out, final = make_case(H, lens)
+        views = packed_views(x, sum(lens), H)
+        kw = dict(A_log=x["A_log"], dt_bias=x["dt_bias"], initial_state=x["initial_state"], output_final_state=True,
+                  cu_seqlens=cu, seq_lens=lens, out=out, final_state=final)
+        packed = time_ms(lambda: kda_aot.prefill(*(x[n] for n in "qkvg"), x["beta"], **kw), args.iters, args.warmup)
+        strided = time_ms(lambda: kda_aot.prefill(*(views[n] for n in "qkvg"), views["beta"], **kw), args.iters,
+                          args.warmup)
+        print(f"  strided H={H} {shape_key(lens)}: contiguous {packed:.3f} ms, column slices of one projection "
+              f"{strided:.3f} ms ({(strided / packed - 1) * 100:+.1f} %)", flush=True)
+    for label, us in entry_host_costs():
+        print(f"  host {label}: {us:.1f} us per call", flush=True)
+    return 0
+
+
+def entry_host_costs(n_sets: int = 64) -> list:
+    """Host us per eager call (fresh tensors cycling through n_sets sets, given out, final state
+    and workspace; T=16, H=1, FlashKDA's configuration) of kda_aot.prefill,
+    kda_aot.flashkda_compat.fwd and, when fla is installed, fla.ops.kda.chunk_kda through the
+    registered backend (which allocates its outputs, so kda_aot.torch.chunk_kda is listed too)."""
+    import torch
+
+    import kda_aot
+    import kda_aot.torch as kt
+    from kda_aot import flashkda_compat
+
+    H, lens = 1, [16]
+    pool = []
+    for i in range(n_sets):
+        x, cu, o, f = make_case(H, lens, seed=i)
+        f = f.float()
+        ws = torch.empty(flashkda_compat.get_workspace_size(16, H, 1), dtype=torch.uint8, device="cuda")
+        pool.append((x, cu, o, f, ws, x["initial_state"].float()))
+    it = {"i": 0}
+
+    def nxt():
+        it["i"] = (it["i"] + 1) % n_sets
+        return pool[it["i"]]
+
+    def prefill():
+        x, cu, o, f, ws, s0 = nxt()
+        return kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+                               lower_bound=-5.0, scale=128 ** -0.5, initial_state=s0, output_final_state=True,
+                               cu_seqlens=cu, out=o, final_state=f, workspace=ws)
+
+    def compat():
+        x, cu, o, f, ws, s0 = nxt()
+        return flashkda_compat.fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5, o, ws, x["A_log"],
+                                   x["dt_bias"], -5.0, s0, f, cu)
+
+    def torch_chunk():
+        x, cu, o, f, ws, s0 = nxt()
+        return kt.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=s0, output_final_state=True,
+                            use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, safe_gate=True, lower_bound=-5.0,
+                            A_log=x["A_log"], dt_bias=x["dt_bias"], cu_seqlens=cu, state_v_first=True)
+
+    rows = []
+    with torch.inference_mode():
+        rows.append(("kda_aot.prefill, buffers given", host_us(prefill)))
+        rows.append(("kda_aot.flashkda_compat.fwd, buffers given", host_us(compat)))
+        rows.append(("kda_aot.torch.chunk_kda (outputs allocated)", host_us(torch_chunk)))
+        try:
+            from fla.ops.kda import chunk_kda as fla_chunk_kda
+        except ImportError:
+            fla_chunk_kda = None
+        if fla_chunk_kda is not None:
+            def fla():
+                x, cu, o, f, ws, s0 = nxt()
+                return fla_chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=s0,
+                                     output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                                     safe_gate=True, lower_bound=-5.0, A_log=x["A_log"], dt_bias=x["dt_bias"],
+                                     cu_seqlens=cu, state_v_first=True)
+            rows.append(("fla.ops.kda.chunk_kda via the kda-aot backend (outputs allocated)", host_us(fla)))
+    return rows
 
 
 def sweep_cp(args) -> int:

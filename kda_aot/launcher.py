@@ -59,6 +59,25 @@ def _workspace_args(off) -> dict:
     return {f"ws_{name}": ws(off[name]) for name in WS_REGIONS}
 
 
+def input_strides(problem: Problem) -> dict:
+    """The token and head strides (elements) at which the kernels read q, k, g, v and beta in place
+    (validation normalises them; an empty Problem.strides means contiguous inputs)."""
+    H, D = problem.H, planner.D
+    values = problem.strides or (H * D, D) * 4 + (H,)
+    names = ("q_stride_t", "q_stride_h", "k_stride_t", "k_stride_h", "v_stride_t", "v_stride_h", "g_stride_t",
+             "g_stride_h", "beta_stride_t")
+    return dict(zip(names, values))
+
+
+def _v_strides(problem: Problem) -> dict:
+    s = input_strides(problem)
+    return dict(v_stride_t=s["v_stride_t"], v_stride_h=s["v_stride_h"])
+
+
+def _k1_strides(problem: Problem) -> dict:
+    return {name: value for name, value in input_strides(problem).items() if not name.startswith("v_")}
+
+
 def _sequence_tables(prog: Program, problem: Problem, off, n_seq: int, order: bool = True) -> None:
     """The sequence tables; varlen also K2's longest-first dispatch order (`order`: in off["seq_order"])."""
     tables = dict(seq_start=ws(off["seq_start"]), tile_prefix=ws(off["tile_prefix"]), n_seq=n_seq, stream=STREAM)
@@ -80,12 +99,18 @@ def _k1(prog: Program, problem: Problem, off, n_seq: int, cap: int) -> None:
         q=Ref("q"), k=Ref("k"), g=Ref("g"), beta=Ref("beta"), a_log=Ref("A_log"), dt_bias=Ref("dt_bias"),
         seq_start=ws(off["seq_start"]), tile_prefix=ws(off["tile_prefix"]), **_workspace_args(off),
         t_total=problem.B * problem.T, n_seq=n_seq, n_heads=problem.H, cap=cap, scale=problem.scale,
-        gate_c=0.0 if lb is None else gate_constant(lb), stream=STREAM))
+        gate_c=0.0 if lb is None else gate_constant(lb), **_k1_strides(problem), stream=STREAM))
+
+
+def _checkpoint_entries(problem: Problem) -> int:
+    """N * K entries of the checkpoint table (checkpoints at given offsets), 0 without."""
+    return problem.N * problem.checkpoint_k
 
 
 def serial_layout(problem: Problem):
     # the same capacity plan_serial gives K1 and K2 (varlen inputs have B == 1)
-    return workspace_layout(problem.H, planner.tile_capacity(problem.T, problem.N, problem.varlen), problem.N)
+    return workspace_layout(problem.H, planner.tile_capacity(problem.T, problem.N, problem.varlen), problem.N,
+                            _checkpoint_entries(problem))
 
 
 def cp_tile_capacity(problem: Problem, seg: Segmentation) -> int:
@@ -94,7 +119,7 @@ def cp_tile_capacity(problem: Problem, seg: Segmentation) -> int:
 
 def cp_problem_layout(problem: Problem, seg: Segmentation):
     return cp_layout(problem.H, cp_tile_capacity(problem, seg), problem.N, seg.max_segments,
-                     sequence_tables=problem.checkpoint_every > 0)
+                     sequence_tables=_checkpoints(problem), checkpoint_entries=_checkpoint_entries(problem))
 
 
 def _index_only(problem: Problem) -> bool:
@@ -119,22 +144,36 @@ def _seq_order(problem: Problem, off):
     return ws(off["seq_order"]) if problem.varlen else NULL
 
 
+def _checkpoints(problem: Problem) -> bool:
+    """Checkpoints every C tokens or at given offsets (docs/state_pool.md)."""
+    return problem.checkpoint_every > 0 or problem.checkpoint_k > 0
+
+
 def uses_k2_ext(problem: Problem) -> bool:
     """State I/O by slot or checkpoints: K2 through its k2_ext entry (docs/state_pool.md)."""
-    return problem.pooled or problem.checkpoint_every > 0
+    return problem.pooled or _checkpoints(problem)
 
 
-def _checkpoint_index(prog: Program, problem: Problem, seq_start: Ref) -> None:
-    """The checkpoint index table, from the (clamped) sequence tables: every entry on every call."""
+def _checkpoint_index(prog: Program, problem: Problem, seq_start: Ref, off) -> None:
+    """The checkpoint index table (every C tokens) or the checkpoint table (given offsets), from the
+    (clamped) sequence tables: every entry on every call."""
+    if problem.checkpoint_k and problem.N:
+        pool = problem.checkpoint_into == "pool"
+        prog.add(f"checkpoint_table_{problem.checkpoint_offsets_dtype}", dict(
+            checkpoint_offsets=Ref("checkpoint_offsets"), checkpoint_slots=Ref("checkpoint_slots") if pool else NULL,
+            seq_start=seq_start, checkpoint_table=ws(off["checkpoint_table"]), n_seq=problem.N,
+            checkpoint_k=problem.checkpoint_k, n_dest=problem.n_pool if pool else problem.N * problem.checkpoint_k,
+            stream=STREAM))
     if problem.n_checkpoints:
         prog.add("checkpoint_index", dict(seq_start=seq_start, checkpoint_index=Ref("checkpoint_index"),
                                           n_seq=problem.N, n_slots=problem.n_checkpoints,
                                           checkpoint_every=problem.checkpoint_every, stream=STREAM))
 
 
-def _k2_ext_args(problem: Problem, initial: Optional[Ref]) -> dict:
+def _k2_ext_args(problem: Problem, initial: Optional[Ref], off) -> dict:
     """k2_ext's state arguments: the pool (slots state_indices[n], its slot stride), or the plain
-    states as a pool with slot n and a dense stride, and the checkpoints."""
+    states as a pool with slot n and a dense stride, and the checkpoints: every C tokens into
+    `checkpoints`, or at given offsets into `checkpoint_state` [N, K] entries or pool slots."""
     if problem.pooled:
         initial = Ref("state_pool") if initial is None else initial
         final, index, stride, n_pool = Ref("state_pool"), Ref("state_indices"), problem.slot_stride, problem.n_pool
@@ -143,9 +182,20 @@ def _k2_ext_args(problem: Problem, initial: Optional[Ref]) -> dict:
             initial = Ref("initial_state")
         final = Ref("final_state") if problem.has_final else NULL
         index, stride, n_pool = NULL, problem.H * planner.D * planner.D, problem.N
-    every = problem.checkpoint_every
+    every, k = problem.checkpoint_every, problem.checkpoint_k
+    state_elems = problem.H * planner.D * planner.D  # one [H, 128, 128] state
+    if every:
+        checkpoints, ck_stride = Ref("checkpoints"), state_elems
+    elif k:
+        into_pool = problem.checkpoint_into == "pool"
+        checkpoints = Ref("state_pool") if into_pool else Ref("checkpoint_state")
+        ck_stride = problem.slot_stride if into_pool else state_elems
+    else:
+        checkpoints, ck_stride = NULL, 0
     return dict(initial_state=initial, final_state=final, state_index=index, slot_stride=stride, n_pool=n_pool,
-                checkpoints=Ref("checkpoints") if every else NULL, checkpoint_every=every, n_real=problem.N)
+                checkpoints=checkpoints, checkpoint_every=every, n_real=problem.N,
+                checkpoint_table=ws(off["checkpoint_table"]) if k else NULL, checkpoint_k=k,
+                checkpoint_stride=ck_stride)
 
 
 def _ext_dtype(problem: Problem) -> str:
@@ -178,7 +228,7 @@ def serial_launch(lib: KernelLibrary, problem: Problem, sm_count: int, value_spl
         off = layout.pointers(0)
         # no K2 reads a dispatch order here: the tables kernel skips its sort (null seq_order)
         _sequence_tables(prog, problem, off, problem.N, order=False)
-        _checkpoint_index(prog, problem, ws(off["seq_start"]))
+        _checkpoint_index(prog, problem, ws(off["seq_start"]), off)
         return Launch(prog.finish(), layout.nbytes, "serial")
     if problem.N == 0 or problem.H == 0:
         return Launch(prog.finish(), 0, "empty")  # nothing to compute or write (docs/algorithm.md §1.4)
@@ -186,7 +236,7 @@ def serial_launch(lib: KernelLibrary, problem: Problem, sm_count: int, value_spl
     layout = serial_layout(problem)
     off = layout.pointers(0)
     _sequence_tables(prog, problem, off, problem.N)
-    _checkpoint_index(prog, problem, ws(off["seq_start"]))
+    _checkpoint_index(prog, problem, ws(off["seq_start"]), off)
     if cap > 0:
         _k1(prog, problem, off, problem.N, cap)
     vb = plan.k2_constants["value_block"]
@@ -195,8 +245,8 @@ def serial_launch(lib: KernelLibrary, problem: Problem, sm_count: int, value_spl
             v=Ref("v"), out=Ref("out"), **_workspace_args(off), seq_start=ws(off["seq_start"]),
             tile_prefix=ws(off["tile_prefix"]), seq_order=_seq_order(problem, off), final_slot=NULL,
             real_seq_start=ws(off["seq_start"]),
-            **_k2_ext_args(problem, None), t_total=problem.B * problem.T, n_seq=problem.N, n_heads=problem.H,
-            cap=cap, stream=STREAM))
+            **_k2_ext_args(problem, None, off), t_total=problem.B * problem.T, n_seq=problem.N, n_heads=problem.H,
+            cap=cap, **_v_strides(problem), stream=STREAM))
         return Launch(prog.finish(), layout.nbytes, "serial")
     k2 = planner.select_variant(lib.kernels.values(), "k2_recurrence", plan.k2_constants)
     prog.add(k2_kernel_name(lib, k2.name, vb), dict(
@@ -204,7 +254,8 @@ def serial_launch(lib: KernelLibrary, problem: Problem, sm_count: int, value_spl
         tile_prefix=ws(off["tile_prefix"]), seq_order=_seq_order(problem, off),
         initial_state=Ref("initial_state") if problem.has_initial else NULL,
         final_state=Ref("final_state") if problem.has_final else NULL,
-        t_total=problem.B * problem.T, n_seq=problem.N, n_heads=problem.H, cap=cap, stream=STREAM))
+        t_total=problem.B * problem.T, n_seq=problem.N, n_heads=problem.H, cap=cap, **_v_strides(problem),
+        stream=STREAM))
     return Launch(prog.finish(), layout.nbytes, "serial")
 
 
@@ -237,12 +288,12 @@ def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count:
         prog.add(f"cp_seg_tables_{problem.cu_dtype}", dict(tables, cu_seqlens=Ref("cu_seqlens"), t_total=t_total))
     else:
         prog.add("cp_seg_tables_dense", dict(tables, t_total=problem.T))  # dense: tokens per sequence
-    if problem.checkpoint_every:
-        # the sequences' own tables: the index table and the segments' checkpoint positions count
+    if _checkpoints(problem):
+        # the sequences' own tables: the index tables and the segments' checkpoint positions count
         # tokens from where each sequence starts
         _sequence_tables(prog, problem, dict(seq_start=off["real_seq_start"], tile_prefix=off["real_tile_prefix"]),
                          N, order=False)
-        _checkpoint_index(prog, problem, ws(off["real_seq_start"]))
+        _checkpoint_index(prog, problem, ws(off["real_seq_start"]), off)
     _k1(prog, problem, off, S, cap)
     seg_tables = dict(seq_start=ws(off["seq_start"]), tile_prefix=ws(off["tile_prefix"]))
     n_scan = S - N  # a bound on the non-last segments; scan_seg marks the unused entries -1
@@ -250,7 +301,7 @@ def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count:
         prog.add(f"cp_pre_scan_vb{planner.D // scan_split}{acc}", dict(
             v=Ref("v"), ws_kd=ws(off["kd"]), ws_kr=ws(off["kr"]), ws_gt=ws(off["gt"]), ws_inv=ws(off["inv"]),
             ws_bsig=ws(off["bsig"]), **seg_tables, scan_seg=ws(off["scan_seg"]), b_seg=ws(off["b_seg"]),
-            m_seg=ws(off["m_seg"]), n_scan=n_scan, n_heads=H, cap=cap, stream=STREAM))
+            m_seg=ws(off["m_seg"]), n_scan=n_scan, n_heads=H, cap=cap, **_v_strides(problem), stream=STREAM))
     if problem.pooled:
         prog.add(f"cp_merge_pool_{_ext_dtype(problem)}", dict(
             m_seg=ws(off["m_seg"]), b_seg=ws(off["b_seg"]), state_pool=Ref("state_pool"), carries=ws(off["carries"]),
@@ -265,13 +316,13 @@ def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count:
     # Segments start from their carries (fp32, rounded to bf16 on entry exactly as serial K2 rounds
     # an fp32 initial state; kept in fp32 with numerics="accurate"); each sequence's last segment
     # writes its final state.
-    sizes = dict(t_total=t_total, n_seq=S, n_heads=H, cap=cap, stream=STREAM)
+    sizes = dict(t_total=t_total, n_seq=S, n_heads=H, cap=cap, **_v_strides(problem), stream=STREAM)
     common = dict(v=Ref("v"), out=Ref("out"), **_workspace_args(off), **seg_tables)
     if uses_k2_ext(problem):
-        real = off["real_seq_start"] if problem.checkpoint_every else off["seq_start"]
+        real = off["real_seq_start"] if _checkpoints(problem) else off["seq_start"]
         prog.add(k2_kernel_name(lib, f"k2_ext_segments_{_ext_dtype(problem)}_vb{vb}", vb), dict(
             common, seq_order=NULL, final_slot=ws(off["final_slot"]), real_seq_start=ws(real),
-            **_k2_ext_args(problem, ws(off["carries"])), **sizes))
+            **_k2_ext_args(problem, ws(off["carries"]), off), **sizes))
     elif not problem.has_final:
         k2 = planner.select_variant(lib.kernels.values(), "k2_recurrence",
                                     {"has_initial": True, "has_final": False, "state_fp32": True, "value_block": vb,
@@ -283,5 +334,6 @@ def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count:
         prog.add(k2_kernel_name(lib, f"k2_segments_{dtype}_vb{vb}{acc}", vb), dict(
             v=Ref("v"), out=Ref("out"), **_workspace_args(off), seg_start=ws(off["seq_start"]),
             seg_prefix=ws(off["tile_prefix"]), carries=ws(off["carries"]), final_state=Ref("final_state"),
-            final_slot=ws(off["final_slot"]), t_total=t_total, n_seg=S, n_heads=H, cap=cap, stream=STREAM))
+            final_slot=ws(off["final_slot"]), t_total=t_total, n_seg=S, n_heads=H, cap=cap, **_v_strides(problem),
+            stream=STREAM))
     return Launch(prog.finish(), layout.nbytes, "cp")

@@ -54,16 +54,19 @@ def transfer_program(lib: KernelLibrary, device_id: int, n_heads: int, t_local: 
     off = layout.pointers(0)
     tables = dict(seq_start=ws(off["seq_start"]), tile_prefix=ws(off["tile_prefix"]))
     prog = Program(lib, device_id)
+    # the transferred q, k, g, beta are packed [t_local, H, 128] / [t_local, H]
+    contiguous = {f"{x}_stride_{d}": (H * D if d == "t" else D) for x in "qkg" for d in "th"}
+    contiguous["beta_stride_t"] = H
     prog.add("seq_tables_int32", dict(tables, cu_seqlens=Ref("cu_seqlens"), seq_order=NULL, n_seq=S, t_total=t_local,
                                       stream=STREAM))
     prog.add("k1_prepare", dict(
         q=Ref("q"), k=Ref("k"), g=Ref("g"), beta=Ref("beta"), a_log=Ref("A_log"), dt_bias=Ref("dt_bias"), **tables,
         **{f"ws_{name}": ws(off[name]) for name in WS_REGIONS}, t_total=t_local, n_seq=S, n_heads=H, cap=cap,
-        scale=scale, gate_c=gate_constant(lower_bound), stream=STREAM))
+        scale=scale, gate_c=gate_constant(lower_bound), **contiguous, stream=STREAM))
     vb = D // planner.value_split(S, H, sm_count)
     per_state = S * H * STATE_FLOATS * 4
     prog.add(f"cp_pre_scan_vb{vb}", dict(
         v=Ref("v"), ws_kd=ws(off["kd"]), ws_kr=ws(off["kr"]), ws_gt=ws(off["gt"]), ws_inv=ws(off["inv"]),
         ws_bsig=ws(off["bsig"]), **tables, scan_seg=Ref("cu_seqlens", 4 * (S + 1)), b_seg=Ref("out", 0),
-        m_seg=Ref("out", per_state), n_scan=S, n_heads=H, cap=cap, stream=STREAM))
+        m_seg=Ref("out", per_state), n_scan=S, n_heads=H, cap=cap, v_stride_t=H * D, v_stride_h=D, stream=STREAM))
     return TransferProgram(prog.finish(), layout.nbytes, 2 * S * H * STATE_FLOATS, 2 * S + 1)

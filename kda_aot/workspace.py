@@ -31,27 +31,30 @@ class WorkspaceLayout:
         return {name: base + off for name, (off, _) in self.regions.items()}
 
 
-def workspace_layout(n_heads: int, tile_capacity: int, n_seq: int) -> WorkspaceLayout:
+def workspace_layout(n_heads: int, tile_capacity: int, n_seq: int, checkpoint_entries: int = 0) -> WorkspaceLayout:
     """Regions for the sequence tables (int32 [N+1] each), K2's dispatch order (int32 [N]) and the
-    per-(head, tile) quantities."""
+    per-(head, tile) quantities; with `checkpoint_entries` = N * K > 0 (checkpoints at given
+    offsets, docs/state_pool.md) also the checkpoint table, int32 [N * K, 2], at the end."""
     regions: Dict[str, Tuple[int, int]] = {}
     offset = 0
     table = 4 * (n_seq + 1)
+    extra = [("checkpoint_table", 8 * checkpoint_entries)] if checkpoint_entries else []
     for name, nbytes in [("seq_start", table), ("tile_prefix", table), ("seq_order", 4 * n_seq)] + [
-            (name, n_heads * tile_capacity * per_slot) for name, per_slot in SLOT_BYTES]:
+            (name, n_heads * tile_capacity * per_slot) for name, per_slot in SLOT_BYTES] + extra:
         regions[name] = (offset, nbytes)
         offset = _round_up(offset + nbytes)
     return WorkspaceLayout(regions, offset)
 
 
 def cp_layout(n_heads: int, tile_capacity: int, n_seq: int, max_segments: int,
-              sequence_tables: bool = False) -> WorkspaceLayout:
+              sequence_tables: bool = False, checkpoint_entries: int = 0) -> WorkspaceLayout:
     """A CP call's workspace: K1's regions with the segment tables in place of the sequence tables
     (`seq_start` / `tile_prefix` sized for `max_segments`), the other segment tables the device
     builds (cp_seg_tables), then the fp32 scratch of docs/algorithm.md §4.7 for every possible segment.
     `sequence_tables`: also the sequences' own tables (`real_seq_start` / `real_tile_prefix`,
-    [n_seq + 1] each), which checkpoints need (docs/state_pool.md)."""
-    base = workspace_layout(n_heads, tile_capacity, max_segments)
+    [n_seq + 1] each), which checkpoints need (docs/state_pool.md); `checkpoint_entries`: as in
+    workspace_layout."""
+    base = workspace_layout(n_heads, tile_capacity, max_segments, checkpoint_entries)
     regions, offset = dict(base.regions), base.nbytes
     scratch = max_segments * n_heads * STATE_BYTES
     extra = (("real_seq_start", 4 * (n_seq + 1)), ("real_tile_prefix", 4 * (n_seq + 1))) if sequence_tables else ()

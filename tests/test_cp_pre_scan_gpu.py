@@ -81,7 +81,7 @@ class _Problem:
         lib.kernel("k1_prepare")(x["q"].data_ptr(), x["k"].data_ptr(), x["g"].data_ptr(), x["beta"].data_ptr(),
                                  x["A_log"].data_ptr(), x["dt_bias"].data_ptr(), p["seq_start"], p["tile_prefix"],
                                  p["qd"], p["kd"], p["kr"], p["gt"], p["inv"], p["mqk"], p["bsig"],
-                                 self.T, self.n_seg, H, self.cap, x["scale"],
+                                 self.T, self.n_seg, H, self.cap, *_k1_strides(H), x["scale"],
                                  launcher.gate_constant(lower_bound), self.stream)
         torch.cuda.synchronize()
         got = self.ws[layout.regions["tile_prefix"][0]:][:4 * (self.n_seg + 1)].view(torch.int32).tolist()
@@ -106,7 +106,7 @@ class _Problem:
         self.lib.kernel(f"cp_pre_scan_vb{vb}")(
             self.x["v"].data_ptr(), p["kd"], p["kr"], p["gt"], p["inv"], p["bsig"], p["seq_start"],
             p["tile_prefix"], scan_t.data_ptr(), b.data_ptr(), m.data_ptr(), len(self.scan) + idle, self.H,
-            self.cap, self.stream)
+            self.cap, *_v_strides(self.H), self.stream)
         torch.cuda.synchronize()
         from kda_aot.reference import m_seg_swizzle
 
@@ -118,9 +118,19 @@ class _Problem:
         final = torch.full((n_seq, self.H, D, D), float("nan"), dtype=torch.float32, device="cuda")
         self.lib.kernel(name)(self.x["v"].data_ptr(), out.data_ptr(), *self.ws_ptrs(), seq_start, tile_prefix, 0,
                               initial.data_ptr() if initial is not None else 0, final.data_ptr(), self.T, n_seq,
-                              self.H, self.cap, self.stream)
+                              self.H, self.cap, *_v_strides(self.H), self.stream)
         torch.cuda.synchronize()
         return final
+
+
+def _k1_strides(H):
+    """K1's token and head strides of packed q, k, g (elements), then beta's token stride."""
+    return (H * D, D) * 3 + (H,)
+
+
+def _v_strides(H):
+    """v's token and head strides of a packed [T, H, 128] v (elements)."""
+    return (H * D, D)
 
 
 def _need(lib, *names):
@@ -231,7 +241,7 @@ def test_idle_ctas(vb):
         final = torch.full((len(segs), H, D, D), float("nan"), dtype=torch.float32, device="cuda")
         lib.kernel(f"k2_segments_f32_vb{vb}")(pb.x["v"].data_ptr(), out.data_ptr(), *pb.ws_ptrs(), start.data_ptr(),
                                               prefix.data_ptr(), carries.data_ptr(), final.data_ptr(),
-                                              slot.data_ptr(), pb.T, n_seg, H, pb.cap, pb.stream)
+                                              slot.data_ptr(), pb.T, n_seg, H, pb.cap, *_v_strides(H), pb.stream)
         torch.cuda.synchronize()
         return out, final
 

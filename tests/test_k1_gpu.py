@@ -42,7 +42,8 @@ def _run_k1(lib, x, kernel="k1_prepare"):
     lib.kernel(kernel)(q.data_ptr(), x["k"].data_ptr(), x["g"].data_ptr(), x["beta"].data_ptr(),
                              x["A_log"].data_ptr(), x["dt_bias"].data_ptr(), p["seq_start"], p["tile_prefix"],
                              p["qd"], p["kd"], p["kr"], p["gt"], p["inv"], p["mqk"], p["bsig"],
-                             B * T, N, H, cap, x["scale"], launcher.gate_constant(x["lower_bound"]), stream)
+                             B * T, N, H, cap, *(H * 128, 128) * 3, H, x["scale"],
+                             launcher.gate_constant(x["lower_bound"]), stream)  # packed q, k, g, beta strides
     torch.cuda.synchronize()
 
     def region(name, dtype, per_slot):

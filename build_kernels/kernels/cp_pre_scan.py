@@ -61,7 +61,7 @@ from cutlass import Float32, Int32, Int64
 
 from .ptx_ops import (fma_rn, ldg_b32, lds_b32, lds_bf16_f32, lds_f32, ldsm_x4, ldsm_x4_t, mma_bf16_16816,
                       pack_bf16x2, select_b32, stg_f32, stg_f32_pair_from_bf16, sts_b32, unpack_bf16x2)
-from .recurrence_common import (BSIG_BYTES, GT_BYTES, HEAD_ROW_BYTES, SQ_BYTES, STAGES, TILE_BYTES, alloc_ring,
+from .recurrence_common import (BSIG_BYTES, GT_BYTES, SQ_BYTES, STAGES, TILE_BYTES, alloc_ring,
                                 init_ring, mma_split, mma_warps, produce_tiles, solve_u_fragment,
                                 solve_u_fragment_accurate, state_f32_step, state_words_step, v_stride)
 from .tile_ops import CHUNK, D, await_previous_grid, m_seg_column
@@ -82,7 +82,7 @@ def stage_bytes(vb: int) -> int:
 @cute.kernel
 def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, inv_ptr: Int64, bsig_ptr: Int64,
                      start_ptr: Int64, prefix_ptr: Int64, scan_ptr: Int64, bseg_ptr: Int64, mseg_ptr: Int64,
-                     n_heads: Int32, cap: Int32, value_block: cutlass.Constexpr[int],
+                     n_heads: Int32, cap: Int32, v_st: Int64, v_sh: Int64, value_block: cutlass.Constexpr[int],
                      accurate: cutlass.Constexpr[bool]):
     VB = value_block
     MMA_WARPS = mma_warps(VB)
@@ -119,7 +119,7 @@ def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, 
         if warp == LOAD_WARP:
             # ---------------------------------------------------------------- producer
             produce_tiles(full, empty, buf_addr, ntiles, tok0, tok_end, h64 * Int64(cap) + Int64(tile0),
-                          v_ptr + h64 * HEAD_ROW_BYTES + Int64(vblk * (VB * 2)), H64 * HEAD_ROW_BYTES,
+                          v_ptr + h64 * v_sh * 2 + Int64(vblk * (VB * 2)), v_st * 2,
                           ((OFF_KD, kd_ptr), (OFF_KR, kr_ptr)),
                           ((OFF_GT, gt_ptr, GT_BYTES), (OFF_INV, inv_ptr, SQ_BYTES), (OFF_BSIG, bsig_ptr, BSIG_BYTES)),
                           SB, OFF_V, VSTR, FIXED_TX, VB * 2)
@@ -299,9 +299,10 @@ def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, 
 def cp_pre_scan(v: cute.Pointer, ws_kd: cute.Pointer, ws_kr: cute.Pointer, ws_gt: cute.Pointer,
                 ws_inv: cute.Pointer, ws_bsig: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer,
                 scan_seg: cute.Pointer, b_seg: cute.Pointer, m_seg: cute.Pointer, n_scan: Int32, n_heads: Int32,
-                cap: Int32, stream: cuda.CUstream, value_block: cutlass.Constexpr[int],
-                accurate: cutlass.Constexpr[bool] = False):
-    """pre_scan host entry: v [T_total, H, 128] bf16, workspace regions kd/kr/gt/inv/bsig
+                cap: Int32, v_stride_t: Int64, v_stride_h: Int64, stream: cuda.CUstream,
+                value_block: cutlass.Constexpr[int], accurate: cutlass.Constexpr[bool] = False):
+    """pre_scan host entry: v [T_total, H, 128] bf16 read in place at token / head strides
+    v_stride_t / v_stride_h (elements; 16-byte aligned rows), workspace regions kd/kr/gt/inv/bsig
     (docs/kernel_abi.md) written by K1 with the SEGMENT tables seq_start/tile_prefix [n_seg + 1],
     scan_seg int32 [n_scan] (segments to process, never a sequence's last), outputs b_seg/m_seg fp32
     [n_seg, H, 128, 128] (only the scanned segments' blocks are written). accurate: numerics="accurate"
@@ -309,5 +310,5 @@ def cp_pre_scan(v: cute.Pointer, ws_kd: cute.Pointer, ws_kr: cute.Pointer, ws_gt
     assert value_block in (128, 64, 32)
     _pre_scan_kernel(v.toint(), ws_kd.toint(), ws_kr.toint(), ws_gt.toint(), ws_inv.toint(), ws_bsig.toint(),
                      seq_start.toint(), tile_prefix.toint(), scan_seg.toint(), b_seg.toint(), m_seg.toint(),
-                     n_heads, cap, value_block, accurate).launch(
+                     n_heads, cap, v_stride_t, v_stride_h, value_block, accurate).launch(
         grid=(n_scan, n_heads, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream, use_pdl=True)

@@ -123,7 +123,8 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
                dt_bias: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer, ws_qd: cute.Pointer,
                ws_kd: cute.Pointer, ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer,
                ws_mqk: cute.Pointer, ws_bsig: cute.Pointer, n_seq: Int32, n_heads: Int32, cap: Int32,
-               scale: Float32, gate_c: Float32, accurate: cutlass.Constexpr[bool],
+               scale: Float32, gate_c: Float32, q_st: Int64, q_sh: Int64, k_st: Int64, k_sh: Int64, g_st: Int64,
+               g_sh: Int64, b_st: Int64, accurate: cutlass.Constexpr[bool],
                gate_form: cutlass.Constexpr[int] = GATE_SAFE, beta_form: cutlass.Constexpr[int] = BETA_LOGITS,
                g_fp32: cutlass.Constexpr[bool] = False):
     # gate_form GATE_SAFE is FlashKDA's K1; any other form is the general K1 (docs/gate_forms.md), whose
@@ -186,13 +187,15 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
         for half in cutlass.range_constexpr(2):
             r = warp + 8 * half
             if r < m:
-                row_off = (Int64(tok0 + r) * Int64(n_heads) + Int64(head)) * D
+                # q, k, g are read in place at their own token / head strides (16-byte aligned rows)
+                tok = Int64(tok0 + r)
+                h64 = Int64(head)
                 with cute.arch.elect_one():
-                    bulk_g2s_tensor(cute.make_tensor(q + row_off, row_layout),
+                    bulk_g2s_tensor(cute.make_tensor(q + (tok * q_st + h64 * q_sh), row_layout),
                              cute.make_tensor(sQin.iterator + r * PAD_ROW, row_layout), mbar)
-                    bulk_g2s_tensor(cute.make_tensor(k + row_off, row_layout),
+                    bulk_g2s_tensor(cute.make_tensor(k + (tok * k_st + h64 * k_sh), row_layout),
                              cute.make_tensor(sKin.iterator + r * PAD_ROW, row_layout), mbar)
-                    bulk_g2s_tensor(cute.make_tensor(g + row_off, row_layout),
+                    bulk_g2s_tensor(cute.make_tensor(g + (tok * g_st + h64 * g_sh), row_layout),
                              cute.make_tensor(sGin.iterator + r * sGin.layout.stride[0], row_layout), mbar)
 
         # Scalars whose global latency overlaps the bulk loads.
@@ -217,10 +220,10 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
         logit_hi = Float32(0.0)
         if warp == 0:
             if row_lo < m:
-                logit_lo = Float32(cute.make_tensor(beta + (Int64(tok0 + row_lo) * Int64(n_heads) + Int64(head)),
+                logit_lo = Float32(cute.make_tensor(beta + (Int64(tok0 + row_lo) * b_st + Int64(head)),
                                                     cute.make_layout(1))[0])
             if row_lo + 8 < m:
-                logit_hi = Float32(cute.make_tensor(beta + (Int64(tok0 + row_lo + 8) * Int64(n_heads) + Int64(head)),
+                logit_hi = Float32(cute.make_tensor(beta + (Int64(tok0 + row_lo + 8) * b_st + Int64(head)),
                                                     cute.make_layout(1))[0])
 
         cute.arch.mbarrier_wait(mbar, 0)
@@ -352,16 +355,19 @@ def k1_prepare(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
                dt_bias: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer, ws_qd: cute.Pointer,
                ws_kd: cute.Pointer, ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer,
                ws_mqk: cute.Pointer, ws_bsig: cute.Pointer, t_total: Int32, n_seq: Int32, n_heads: Int32,
-               cap: Int32, scale: Float32, gate_c: Float32, stream: cuda.CUstream,
-               accurate: cutlass.Constexpr[bool] = False, gate_form: cutlass.Constexpr[int] = GATE_SAFE,
+               cap: Int32, q_stride_t: Int64, q_stride_h: Int64, k_stride_t: Int64, k_stride_h: Int64,
+               g_stride_t: Int64, g_stride_h: Int64, beta_stride_t: Int64, scale: Float32, gate_c: Float32,
+               stream: cuda.CUstream, accurate: cutlass.Constexpr[bool] = False, gate_form: cutlass.Constexpr[int] = GATE_SAFE,
                beta_form: cutlass.Constexpr[int] = BETA_LOGITS, g_fp32: cutlass.Constexpr[bool] = False):
-    """Packed token-major inputs (q/k/g (t, h, d) at (t*H + h)*128 + d, beta (t, h) at t*H + h);
+    """Token-major inputs read in place: q/k/g (t, h, d) at t * stride_t + h * stride_h + d (elements;
+    rows of 128 contiguous, 16-byte aligned values), beta (t, h) at t * beta_stride_t + h;
     gate_c = f32(lb * LOG2E) formed in double on the host. t_total is part of the ABI but not needed:
     every row read lies inside [seq_start[n], seq_start[n+1]). accurate: the numerics="accurate" twin
     (K1', docs/numerics.md): the same workspace, the gated operands each rounded once.
     gate_form / beta_form / g_fp32: the general K1 of docs/gate_forms.md (tile_prep's codes); a_log and
     dt_bias may then be null pointers, g an fp32 log-decay, beta fp32."""
     _k1_kernel(q, k, g, beta, a_log, dt_bias, seq_start, tile_prefix, ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk,
-               ws_bsig, n_seq, n_heads, cap, scale, gate_c, accurate, gate_form, beta_form, g_fp32).launch(
+               ws_bsig, n_seq, n_heads, cap, scale, gate_c, q_stride_t, q_stride_h, k_stride_t, k_stride_h,
+               g_stride_t, g_stride_h, beta_stride_t, accurate, gate_form, beta_form, g_fp32).launch(
         grid=(cap, n_heads, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True,
         min_blocks_per_mp=CTAS_PER_SM, preferred_smem_carveout=-1)  # -1: compiling needs no GPU

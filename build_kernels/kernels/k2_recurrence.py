@@ -75,7 +75,7 @@ from .recurrence_common import (FOLDED_PREFETCH, HEAD_ROW_BYTES, K2_OFF_BSIG, K2
                                 k2_cta_sequence, k2_stage_bytes, k2_tile_source, mma_split, mma_warps,
                                 produce_first_tiles, produce_in_turn, produce_tiles, solve_u_fragment,
                                 solve_u_fragment_accurate, state_f32_step, state_words_step, v_stride)
-from .state_io import checkpoint_due, k2_state_slots, sequence_start_of
+from .state_io import checkpoint_target, checkpoint_targets, k2_state_slots, sequence_start_of
 from .tile_ops import CHUNK, D
 
 
@@ -244,7 +244,8 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
                inv_ptr: Int64, mqk_ptr: Int64, bsig_ptr: Int64, mStart: cute.Tensor, mPrefix: cute.Tensor,
                init_ptr: Int64, final_ptr: Int64, mSlot: cute.Tensor, n_heads: Int32, cap: Int32,
                idx_ptr: Int64, slot_stride: Int64, n_pool: Int32, ck_ptr: Int64, ck_every: Int32,
-               mSeqStart: cute.Tensor, n_real: Int32, order_ptr: Int64,
+               mSeqStart: cute.Tensor, n_real: Int32, order_ptr: Int64, ck_tab: Int64, ck_k: Int32,
+               ck_stride: Int64, v_st: Int64, v_sh: Int64,
                has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
                state_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int],
                final_fp32: cutlass.Constexpr[bool], final_slots: cutlass.Constexpr[bool],
@@ -283,16 +284,17 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
         if warp == LOAD_WARP:
             # ---------------------------------------------------------------- producer
             if cutlass.const_expr(not FOLDED):
-                produce_tiles(full, empty, buf_addr, ntiles, *k2_tile_source(tok0, tok_end, h64, H64, cap, tile0, vblk,
-                                                                             VB, v_ptr, qd_ptr, kd_ptr, kr_ptr, gt_ptr,
-                                                                             inv_ptr, mqk_ptr, bsig_ptr))
+                produce_tiles(full, empty, buf_addr, ntiles, *k2_tile_source(tok0, tok_end, h64, v_st, v_sh, cap,
+                                                                             tile0, vblk, VB, v_ptr, qd_ptr, kd_ptr,
+                                                                             kr_ptr, gt_ptr, inv_ptr, mqk_ptr,
+                                                                             bsig_ptr))
         else:
             # ---------------------------------------------------------------- MMA warps
             if cutlass.const_expr(FOLDED):
                 # the MMA warps produce: warp 0 the first FOLDED_PREFETCH tiles now, overlapping the entry
                 # state's load, then warp i % MMA_WARPS tile i + FOLDED_PREFETCH at the start of tile i
-                tile_source = k2_tile_source(tok0, tok_end, h64, H64, cap, tile0, vblk, VB, v_ptr, qd_ptr, kd_ptr,
-                                             kr_ptr, gt_ptr, inv_ptr, mqk_ptr, bsig_ptr)
+                tile_source = k2_tile_source(tok0, tok_end, h64, v_st, v_sh, cap, tile0, vblk, VB, v_ptr, qd_ptr,
+                                             kd_ptr, kr_ptr, gt_ptr, inv_ptr, mqk_ptr, bsig_ptr)
                 produce_first_tiles(warp, ntiles, full, empty, buf_addr, tile_source)
             w = warp
             g = lane >> 2  # C-fragment row (and row + 8)
@@ -303,8 +305,11 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
             col0 = vblk * VB + w * NW  # first global value column of this warp
             state_base = (Int64(n) * H64 + h64) * Int64(D * D)  # element index of state[n, h, 0, 0]
             ck_base = tok0  # checkpoints count tokens from the start of the CTA's sequence
+            ck_seq = n
             if cutlass.const_expr(ext and final_slots):
-                ck_base = sequence_start_of(tok0, ck_ptr, mSeqStart, n_real)
+                ck_base, ck_seq = sequence_start_of(tok0, ck_ptr, mSeqStart, n_real)
+            if cutlass.const_expr(ext):
+                ck_targets = checkpoint_targets(ck_ptr, ck_tab, ck_k, ck_seq)
 
             # lane offsets (bytes)
             off_a = lane * 16  # A operand from a raw image: base + 512 kb + 16 lane
@@ -444,12 +449,11 @@ def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_pt
                 cute.arch.sync_warp()
                 cute.arch.mbarrier_arrive(empty + s)
                 if cutlass.const_expr(ext):
-                    # checkpoint (docs/state_pool.md): the state after a full tile that ends C tokens
-                    # past a multiple of C of its sequence goes to slot (end token) // C - 1
-                    ck = checkpoint_due(ck_ptr, ck_every, ck_base, start, m)
-                    if ck >= 0:
-                        _store_exit_state(ck_ptr, (Int64(ck) * H64 + h64) * Int64(D * D), region, lane, col0, NB,
-                                          NW, final_fp32)
+                    # checkpoint (docs/state_pool.md): the state after a full tile that ends every C
+                    # tokens of its sequence, or at one of its given offsets
+                    ck_dst = checkpoint_target(ck_ptr, ck_every, ck_base, start, m, ck_targets, ck_stride, H64, h64)
+                    if ck_dst >= Int64(0):
+                        _store_exit_state(ck_ptr, ck_dst, region, lane, col0, NB, NW, final_fp32)
 
             # -------- Q6 exit state
             if cutlass.const_expr(has_final):
@@ -469,11 +473,12 @@ def k2_recurrence(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd
                   ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer, ws_mqk: cute.Pointer,
                   ws_bsig: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer, seq_order: cute.Pointer,
                   initial_state: cute.Pointer, final_state: cute.Pointer, t_total: Int32, n_seq: Int32,
-                  n_heads: Int32, cap: Int32, stream: cuda.CUstream,
+                  n_heads: Int32, cap: Int32, v_stride_t: Int64, v_stride_h: Int64, stream: cuda.CUstream,
                   has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
                   state_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int],
                   accurate: cutlass.Constexpr[bool] = False, ablation: cutlass.Constexpr[int] = 0):
-    """K2 host entry: v/out [T_total, H, 128] bf16, workspace regions (docs/kernel_abi.md), sequence
+    """K2 host entry: out [T_total, H, 128] bf16, v read in place at token / head strides v_stride_t /
+    v_stride_h (elements; 16-byte aligned rows of 128), workspace regions (docs/kernel_abi.md), sequence
     tables [n_seq + 1] int32, seq_order [n_seq] int32 (the dispatch order; null: sequence order),
     states [n_seq, H, 128, 128] (V x K). t_total is not needed by the
     kernel (every access is bounded by seq_start). accurate: numerics="accurate" (docs/numerics.md);
@@ -485,7 +490,7 @@ def k2_recurrence(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd
                cute.make_tensor(tile_prefix, table), initial_state.toint(), final_state.toint(),
                cute.make_tensor(seq_start, table), n_heads, cap,
                Int64(0), Int64(0), Int32(0), Int64(0), Int32(0), cute.make_tensor(seq_start, table), n_seq,
-               seq_order.toint(),
+               seq_order.toint(), Int64(0), Int32(0), Int64(0), v_stride_t, v_stride_h,
                has_initial, has_final, state_fp32, value_block, state_fp32, False, False, accurate, ablation).launch(
         grid=(n_seq * n_heads, 1, D // value_block), block=(k2_threads(value_block, accurate, False), 1, 1), stream=stream,
         use_pdl=True, **k2_launch_hint(value_block, accurate, False))
@@ -496,7 +501,8 @@ def k2_segments(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: 
                 ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer, ws_mqk: cute.Pointer,
                 ws_bsig: cute.Pointer, seg_start: cute.Pointer, seg_prefix: cute.Pointer,
                 carries: cute.Pointer, final_state: cute.Pointer, final_slot: cute.Pointer, t_total: Int32,
-                n_seg: Int32, n_heads: Int32, cap: Int32, stream: cuda.CUstream,
+                n_seg: Int32, n_heads: Int32, cap: Int32, v_stride_t: Int64, v_stride_h: Int64,
+                stream: cuda.CUstream,
                 final_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int],
                 accurate: cutlass.Constexpr[bool] = False):
     """Segmented K2 of a CP call (docs/algorithm.md §4.5): K2 with segments in place of sequences, entry states
@@ -510,7 +516,7 @@ def k2_segments(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: 
                cute.make_tensor(seg_prefix, table), carries.toint(), final_state.toint(),
                cute.make_tensor(final_slot, cute.make_layout(n_seg)), n_heads, cap,
                Int64(0), Int64(0), Int32(0), Int64(0), Int32(0), cute.make_tensor(seg_start, table), n_seg,
-               Int64(0),
+               Int64(0), Int64(0), Int32(0), Int64(0), v_stride_t, v_stride_h,
                True, True, True, value_block, final_fp32, True, False, accurate, 0).launch(
         grid=(n_seg * n_heads, 1, D // value_block), block=(k2_threads(value_block, accurate, True), 1, 1), stream=stream,
         use_pdl=True, **k2_launch_hint(value_block, accurate, True))
@@ -522,8 +528,9 @@ def k2_ext(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: cute.
            seq_start: cute.Pointer, tile_prefix: cute.Pointer, seq_order: cute.Pointer, initial_state: cute.Pointer,
            final_state: cute.Pointer, final_slot: cute.Pointer, state_index: cute.Pointer,
            checkpoints: cute.Pointer, real_seq_start: cute.Pointer, slot_stride: Int64, n_pool: Int32,
-           checkpoint_every: Int32, n_real: Int32, t_total: Int32, n_seq: Int32, n_heads: Int32, cap: Int32,
-           stream: cuda.CUstream, segments: cutlass.Constexpr[bool], state_fp32: cutlass.Constexpr[bool],
+           checkpoint_every: Int32, n_real: Int32, checkpoint_table: cute.Pointer, checkpoint_k: Int32,
+           checkpoint_stride: Int64, t_total: Int32, n_seq: Int32, n_heads: Int32, cap: Int32, v_stride_t: Int64,
+           v_stride_h: Int64, stream: cuda.CUstream, segments: cutlass.Constexpr[bool], state_fp32: cutlass.Constexpr[bool],
            final_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int]):
     """K2 with state I/O by slot and checkpoints (docs/state_pool.md), serial (segments=False) or
     segmented (segments=True: entry states from the fp32 carries, the final state of sequence
@@ -532,10 +539,13 @@ def k2_ext(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: cute.
     States are rows of a pool [n_pool slots, H, 128, 128] with slot stride `slot_stride` elements:
     sequence n reads and writes slot state_index[n] (slot n when state_index is null); a slot
     outside [0, n_pool) is neither read (entry 0) nor written. A null initial_state / final_state
-    means no entry read / no final write. checkpoints (null: none) [T // C, H, 128, 128] receives,
-    for every full tile ending at token e with (e - start of its sequence) % C == 0, the state at
-    slot e // C - 1; real_seq_start [n_real + 1] (the sequence tables) tells a segment where its
-    sequence starts. seq_order [n_seq] (null: sequence order) is the dispatch order of the serial
+    means no entry read / no final write. checkpoints (null: none) is the checkpoint destination.
+    checkpoint_every = C > 0: [T // C, H, 128, 128] receives, for every full tile ending at token e
+    with (e - start of its sequence) % C == 0, the state at slot e // C - 1. checkpoint_every = 0
+    and checkpoint_k = K in {1, 2}: checkpoint_table int32 [n_real, K, 2] (checkpoint_table.py)
+    gives each sequence's cleaned offsets and destination slots, checkpoint_stride the elements
+    per destination slot. real_seq_start [n_real + 1] (the sequence tables) tells a segment where
+    its sequence starts and which it is. v is read at token / head strides v_stride_t / v_stride_h. seq_order [n_seq] (null: sequence order) is the dispatch order of the serial
     call's sequences."""
     assert value_block in (128, 64, 32)
     table = cute.make_layout(n_seq + 1)
@@ -545,6 +555,7 @@ def k2_ext(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: cute.
                cute.make_tensor(final_slot, cute.make_layout(n_seq)), n_heads, cap,
                state_index.toint(), slot_stride, n_pool, checkpoints.toint(), checkpoint_every,
                cute.make_tensor(real_seq_start, cute.make_layout(n_real + 1)), n_real, seq_order.toint(),
+               checkpoint_table.toint(), checkpoint_k, checkpoint_stride, v_stride_t, v_stride_h,
                True, True, state_fp32, value_block, final_fp32, segments, True, False, 0).launch(
         grid=(n_seq * n_heads, 1, D // value_block), block=(k2_threads(value_block, False, segments), 1, 1), stream=stream,
         use_pdl=True, **k2_launch_hint(value_block, False, segments))

@@ -74,8 +74,8 @@ def _k2_regstate_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int
                         inv_ptr: Int64, mqk_ptr: Int64, bsig_ptr: Int64, mStart: cute.Tensor, mPrefix: cute.Tensor,
                         init_ptr: Int64, final_ptr: Int64, mSlot: cute.Tensor, n_heads: Int32, cap: Int32,
                         idx_ptr: Int64, slot_stride: Int64, n_pool: Int32, ck_ptr: Int64, ck_every: Int32,
-                        mSeqStart: cute.Tensor, n_real: Int32, order_ptr: Int64,
-                        has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
+                        mSeqStart: cute.Tensor, n_real: Int32, order_ptr: Int64, ck_tab: Int64, ck_k: Int32,
+                        ck_stride: Int64, v_st: Int64, v_sh: Int64, has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
                         state_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int],
                         final_fp32: cutlass.Constexpr[bool], final_slots: cutlass.Constexpr[bool],
                         ext: cutlass.Constexpr[bool]):
@@ -104,8 +104,8 @@ def _k2_regstate_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int
         h64 = Int64(h)
         H64 = Int64(n_heads)
 
-        tile_source = k2_tile_source(tok0, tok_end, h64, H64, cap, tile0, vblk, VB, v_ptr, qd_ptr, kd_ptr, kr_ptr,
-                                     gt_ptr, inv_ptr, mqk_ptr, bsig_ptr)
+        tile_source = k2_tile_source(tok0, tok_end, h64, v_st, v_sh, cap, tile0, vblk, VB, v_ptr, qd_ptr, kd_ptr,
+                                     kr_ptr, gt_ptr, inv_ptr, mqk_ptr, bsig_ptr)
         if warp >= MMA_WARPS:
             # ---------------------------------------------------------------- producer (K2's)
             if cutlass.const_expr(producer_warps(VB) == 4):
@@ -118,7 +118,7 @@ def _k2_regstate_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int
                 cute.arch.setmaxregister_increase(MMA_REGS)
             mma_warpgroups(warp, lane, vblk, n, h64, H64, tok0, tok_end, ntiles, full, empty, buf_addr, out_ptr,
                            init_ptr, final_ptr, slot, in_slot, slot_stride, ck_ptr, ck_every, mSeqStart, n_real,
-                           has_initial, has_final, state_fp32, VB, final_fp32, final_slots, ext)
+                           ck_tab, ck_k, ck_stride, has_initial, has_final, state_fp32, VB, final_fp32, final_slots, ext)
 
 
 def _launch(kernel, n_seq: Int32, n_heads: Int32, value_block: int, stream):
@@ -132,7 +132,7 @@ def k2_regstate(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: 
                 ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer, ws_mqk: cute.Pointer,
                 ws_bsig: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer, seq_order: cute.Pointer,
                 initial_state: cute.Pointer, final_state: cute.Pointer, t_total: Int32, n_seq: Int32,
-                n_heads: Int32, cap: Int32, stream: cuda.CUstream,
+                n_heads: Int32, cap: Int32, v_stride_t: Int64, v_stride_h: Int64, stream: cuda.CUstream,
                 has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
                 state_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int]):
     """Serial host entry with K2's arguments (k2_recurrence.k2_recurrence). value_block 64 with the
@@ -144,7 +144,7 @@ def k2_regstate(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: 
         ws_mqk.toint(), ws_bsig.toint(), cute.make_tensor(seq_start, table), cute.make_tensor(tile_prefix, table),
         initial_state.toint(), final_state.toint(), cute.make_tensor(seq_start, table), n_heads, cap,
         Int64(0), Int64(0), Int32(0), Int64(0), Int32(0), cute.make_tensor(seq_start, table), n_seq, seq_order.toint(),
-        has_initial, has_final, state_fp32, value_block, state_fp32, False, False),
+        Int64(0), Int32(0), Int64(0), v_stride_t, v_stride_h, has_initial, has_final, state_fp32, value_block, state_fp32, False, False),
         n_seq, n_heads, value_block, stream)
 
 
@@ -153,7 +153,8 @@ def k2_regstate_segments(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer
                          ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer, ws_mqk: cute.Pointer,
                          ws_bsig: cute.Pointer, seg_start: cute.Pointer, seg_prefix: cute.Pointer,
                          carries: cute.Pointer, final_state: cute.Pointer, final_slot: cute.Pointer, t_total: Int32,
-                         n_seg: Int32, n_heads: Int32, cap: Int32, stream: cuda.CUstream,
+                         n_seg: Int32, n_heads: Int32, cap: Int32, v_stride_t: Int64, v_stride_h: Int64,
+                         stream: cuda.CUstream,
                          final_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int]):
     """Segmented host entry with k2_recurrence.k2_segments' arguments (a CP call's K2)."""
     assert value_block in (64, 128)
@@ -163,7 +164,7 @@ def k2_regstate_segments(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer
         ws_mqk.toint(), ws_bsig.toint(), cute.make_tensor(seg_start, table), cute.make_tensor(seg_prefix, table),
         carries.toint(), final_state.toint(), cute.make_tensor(final_slot, cute.make_layout(n_seg)), n_heads, cap,
         Int64(0), Int64(0), Int32(0), Int64(0), Int32(0), cute.make_tensor(seg_start, table), n_seg, Int64(0),
-        True, True, True, value_block, final_fp32, True, False),
+        Int64(0), Int32(0), Int64(0), v_stride_t, v_stride_h, True, True, True, value_block, final_fp32, True, False),
         n_seg, n_heads, value_block, stream)
 
 
@@ -174,7 +175,9 @@ def k2_regstate_ext(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_
                     seq_order: cute.Pointer, initial_state: cute.Pointer, final_state: cute.Pointer,
                     final_slot: cute.Pointer, state_index: cute.Pointer, checkpoints: cute.Pointer,
                     real_seq_start: cute.Pointer, slot_stride: Int64, n_pool: Int32, checkpoint_every: Int32,
-                    n_real: Int32, t_total: Int32, n_seq: Int32, n_heads: Int32, cap: Int32, stream: cuda.CUstream,
+                    n_real: Int32, checkpoint_table: cute.Pointer, checkpoint_k: Int32, checkpoint_stride: Int64,
+                    t_total: Int32, n_seq: Int32, n_heads: Int32, cap: Int32, v_stride_t: Int64,
+                    v_stride_h: Int64, stream: cuda.CUstream,
                     segments: cutlass.Constexpr[bool], state_fp32: cutlass.Constexpr[bool],
                     final_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int]):
     """State-pool and checkpoint host entry with k2_recurrence.k2_ext's arguments and meaning."""
@@ -186,5 +189,5 @@ def k2_regstate_ext(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_
         initial_state.toint(), final_state.toint(), cute.make_tensor(final_slot, cute.make_layout(n_seq)), n_heads,
         cap, state_index.toint(), slot_stride, n_pool, checkpoints.toint(), checkpoint_every,
         cute.make_tensor(real_seq_start, cute.make_layout(n_real + 1)), n_real, seq_order.toint(),
-        True, True, state_fp32, value_block, final_fp32, segments, True),
+        checkpoint_table.toint(), checkpoint_k, checkpoint_stride, v_stride_t, v_stride_h, True, True, state_fp32, value_block, final_fp32, segments, True),
         n_seq, n_heads, value_block, stream)

@@ -58,12 +58,13 @@ def k2_stage_bytes(vb: int) -> int:
     return (K2_OFF_V + CHUNK * v_stride(vb) + 127) // 128 * 128
 
 
-def k2_tile_source(tok0, tok_end, h64, H64, cap, tile0, vblk, VB: int, v_ptr, qd_ptr, kd_ptr, kr_ptr, gt_ptr,
-                   inv_ptr, mqk_ptr, bsig_ptr):
+def k2_tile_source(tok0, tok_end, h64, v_st, v_sh, cap, tile0, vblk, VB: int, v_ptr, qd_ptr, kd_ptr, kr_ptr,
+                   gt_ptr, inv_ptr, mqk_ptr, bsig_ptr):
     """The arguments of produce_tile(s) after the ring and the tile index: where tile j of this
-    CTA's (sequence, head) comes from, and K2's stage layout."""
+    CTA's (sequence, head) comes from, and K2's stage layout. v is read in place with its token and
+    head strides v_st, v_sh (elements, Int64; rows of 128 contiguous 16-byte aligned values)."""
     return (tok0, tok_end, h64 * Int64(cap) + Int64(tile0),
-            v_ptr + h64 * HEAD_ROW_BYTES + Int64(vblk * (VB * 2)), H64 * HEAD_ROW_BYTES,
+            v_ptr + h64 * v_sh * 2 + Int64(vblk * (VB * 2)), v_st * 2,
             ((K2_OFF_QD, qd_ptr), (K2_OFF_KD, kd_ptr), (K2_OFF_KR, kr_ptr)),
             ((K2_OFF_GT, gt_ptr, GT_BYTES), (K2_OFF_INV, inv_ptr, SQ_BYTES), (K2_OFF_MQK, mqk_ptr, SQ_BYTES),
              (K2_OFF_BSIG, bsig_ptr, BSIG_BYTES)),
@@ -142,9 +143,11 @@ def produce_tile(full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, i: In
         for off, base, nbytes in smalls:
             bulk_g2s(sb + off, base + slot * nbytes, nbytes, fb)
     with cute.arch.elect_one():
+        # one add per row: the register-state K2's producer warpgroup runs at 24 registers
         vrow = v_row0 + Int64(start) * row_step
         for r in cutlass.range(m, unroll=1):
-            bulk_g2s(sb + off_v + r * vstr, vrow + Int64(r) * row_step, v_bytes, fb)
+            bulk_g2s(sb + off_v + r * vstr, vrow, v_bytes, fb)
+            vrow = vrow + row_step
 
 
 @cute.jit

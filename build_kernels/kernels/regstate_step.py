@@ -17,7 +17,7 @@ from .ptx_ops import (add_rn, fma_rn, ldg_b32_if, ldg_f32_pair_bf16_if, lds_bf16
                       wgmma_m64n128k16_rs_mn, wgmma_wait)
 from .recurrence_common import (HEAD_ROW_BYTES, K2_OFF_BSIG, K2_OFF_GT, K2_OFF_INV, K2_OFF_KD, K2_OFF_KR,
                                 K2_OFF_MQK, K2_OFF_QD, K2_OFF_V, STAGES, k2_stage_bytes, v_stride)
-from .state_io import checkpoint_due, sequence_start_of
+from .state_io import checkpoint_target, checkpoint_targets, sequence_start_of
 from .tile_ops import CHUNK, D
 
 # The stage is K2's (recurrence_common, K2_OFF_*), K1's images as they are. Kd and Qd are K-major
@@ -64,7 +64,7 @@ def mma_warpgroups(warp: Int32, lane: Int32, vblk: Int32, n: Int32, h64: Int64, 
                    tok_end: Int32, ntiles: Int32, full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32,
                    out_ptr: Int64, init_ptr: Int64, final_ptr: Int64, slot: Int32, in_slot: Int32,
                    slot_stride: Int64, ck_ptr: Int64, ck_every: Int32, mSeqStart: cute.Tensor, n_real: Int32,
-                   has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
+                   ck_tab: Int64, ck_k: Int32, ck_stride: Int64, has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
                    state_fp32: cutlass.Constexpr[bool], VB: cutlass.Constexpr[int],
                    final_fp32: cutlass.Constexpr[bool], final_slots: cutlass.Constexpr[bool],
                    ext: cutlass.Constexpr[bool]):
@@ -86,8 +86,11 @@ def mma_warpgroups(warp: Int32, lane: Int32, vblk: Int32, n: Int32, h64: Int64, 
     zero = Float32(0.0)
 
     ck_base = tok0  # checkpoints count tokens from the start of the CTA's sequence
+    ck_seq = n
     if cutlass.const_expr(ext and final_slots):
-        ck_base = sequence_start_of(tok0, ck_ptr, mSeqStart, n_real)
+        ck_base, ck_seq = sequence_start_of(tok0, ck_ptr, mSeqStart, n_real)
+    if cutlass.const_expr(ext):
+        ck_targets = checkpoint_targets(ck_ptr, ck_tab, ck_k, ck_seq)
 
     # -------- Q6 entry: the state as Q1's A fragments, a_s[4 kb + e]; bf(initial) or 0
     if cutlass.const_expr(ext and not final_slots):
@@ -190,11 +193,11 @@ def mma_warpgroups(warp: Int32, lane: Int32, vblk: Int32, n: Int32, h64: Int64, 
         # every thread releases its own stage reads; the wgmmas' are complete (wait 0 above)
         cute.arch.mbarrier_arrive(empty + s)
         if cutlass.const_expr(ext):
-            # checkpoint (docs/state_pool.md): the state after a full tile that ends C tokens
-            # past a multiple of C of its sequence goes to slot (end token) // C - 1
-            ck = checkpoint_due(ck_ptr, ck_every, ck_base, start, m)
-            if ck >= 0:
-                _store_state(ck_ptr, (Int64(ck) * H64 + h64) * Int64(D * D), a_s, col_wg, r0, q, final_fp32)
+            # checkpoint (docs/state_pool.md): the state after a full tile that ends every C tokens
+            # of its sequence, or at one of its given offsets
+            ck_dst = checkpoint_target(ck_ptr, ck_every, ck_base, start, m, ck_targets, ck_stride, H64, h64)
+            if ck_dst >= Int64(0):
+                _store_state(ck_ptr, ck_dst, a_s, col_wg, r0, q, final_fp32)
 
     # -------- Q6 exit: bf16 as is, or fp32 exactly widened
     if cutlass.const_expr(has_final):

@@ -12,6 +12,12 @@ sequence n after j*C tokens (j >= 1, j*C <= its length) sits at global token p =
 Two such positions are at least C apart (two of one sequence differ by a multiple of C; for
 sequences n < m, p_n <= start_m < p_m - C + 1), so slot p // C - 1 is unique and lies in
 [0, T // C): the layout needs no host knowledge of the lengths.
+
+Checkpoints at given offsets: sequence n's checkpoint k is the state after its first off[n, k]
+tokens, written to destination slot dst[n, k] (a [N, K] buffer entry or a state pool slot) when
+off[n, k] is a positive multiple of 16 smaller than the sequence's length. The checkpoint table
+kernel (checkpoint_table.py) cleans the caller's offsets and slots into (off or -1, dst) pairs on
+the device, so K2 only compares the end of each full tile with at most two offsets.
 """
 
 import cutlass
@@ -19,6 +25,7 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64
 
 from .ptx_ops import ldg_b32
+from .tile_ops import D
 
 
 @cute.jit
@@ -68,31 +75,64 @@ def k2_state_slots(n: Int32, ntiles: Int32, mSlot: cute.Tensor, idx_ptr: Int64, 
 
 
 @cute.jit
-def checkpoint_due(ck_ptr: Int64, ck_every: Int32, ck_base: Int32, start: Int32, m: Int32):
-    """Checkpoint slot of the tile that starts at token `start` with `m` valid rows, or -1: a full
-    tile whose end lies a multiple of ck_every tokens past its sequence's start ck_base."""
-    ck = Int32(-1)
+def checkpoint_targets(ck_ptr: Int64, ck_tab: Int64, ck_k: Int32, seq: Int32):
+    """Checkpoints at given offsets (docs/state_pool.md): (off0, dst0, off1, dst1), sequence seq's
+    cleaned offsets (-1: none) and destination slots from the checkpoint table (checkpoint_table.py:
+    int32 [N, K, 2]); K = ck_k <= 2, 0 when the call has none (or counts every C tokens)."""
+    off0 = Int32(-1)
+    dst0 = Int32(0)
+    off1 = Int32(-1)
+    dst1 = Int32(0)
+    if ck_ptr != Int64(0):
+        if ck_k > 0:
+            row = ck_tab + Int64(seq) * Int64(ck_k) * 8
+            off0 = ldg_b32(row)
+            dst0 = ldg_b32(row + 4)
+            if ck_k > 1:
+                off1 = ldg_b32(row + 8)
+                dst1 = ldg_b32(row + 12)
+    return off0, dst0, off1, dst1
+
+
+@cute.jit
+def checkpoint_target(ck_ptr: Int64, ck_every: Int32, ck_base: Int32, start: Int32, m: Int32, targets: tuple,
+                      ck_stride: Int64, H64: Int64, h64: Int64):
+    """Element offset in the checkpoint destination of the state after the tile that starts at token
+    `start` with `m` valid rows, or -1. Only a full tile can end at a checkpoint. Every C tokens
+    (ck_every > 0): the tile's end lies a multiple of C past its sequence's start ck_base, slot
+    end // C - 1 of [T // C, H, 128, 128]. At given offsets (ck_every == 0, `targets` from
+    checkpoint_targets): the tile ends off_k tokens into its sequence, destination slot dst_k at
+    ck_stride elements per slot (a checkpoint buffer entry, or a state pool slot)."""
+    dst = Int64(-1)
     if ck_ptr != Int64(0):
         if m == 16:
             end = start + 16
-            if (end - ck_base) % ck_every == 0:
-                ck = end // ck_every - 1
-    return ck
+            if ck_every > 0:
+                if (end - ck_base) % ck_every == 0:
+                    dst = (Int64(end // ck_every - 1) * H64 + h64) * Int64(D * D)
+            else:
+                off0, dst0, off1, dst1 = targets
+                rel = end - ck_base
+                if rel == off0:
+                    dst = Int64(dst0) * ck_stride + h64 * Int64(D * D)
+                if rel == off1:
+                    dst = Int64(dst1) * ck_stride + h64 * Int64(D * D)
+    return dst
 
 
 @cute.jit
 def sequence_start_of(tok0: Int32, ck_ptr: Int64, mSeqStart: cute.Tensor, n_real: Int32):
-    """Where the sequence holding token tok0 starts: seq_start[n] for the largest n < n_real with
-    seq_start[n] <= tok0 (a CP segment's own sequence; later empty sequences start after it).
-    Only searched when checkpoints are written (ck_ptr non-null); a bit-descent binary search,
-    about log2(n_real) loads."""
+    """(start, index) of the sequence holding token tok0: seq_start[n] for the largest n < n_real
+    with seq_start[n] <= tok0 (a CP segment's own sequence; later empty sequences start after it).
+    Only searched when checkpoints are written (ck_ptr non-null; else (tok0, 0)); a bit-descent
+    binary search, about log2(n_real) loads."""
     base = tok0
+    pos = Int32(0)
     if ck_ptr != Int64(0):
-        pos = Int32(0)
         for b in cutlass.range_constexpr(30, -1, -1):
             cand = pos + Int32(1 << b)
             if cand < n_real:
                 if mSeqStart[cand] <= tok0:
                     pos = cand
         base = mSeqStart[pos]
-    return base
+    return base, pos
