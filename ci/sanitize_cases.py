@@ -58,6 +58,24 @@ def run_form(lens, H, gate, beta_form="logits", g_scale=1.0, g_fp32=False, beta_
     return result
 
 
+def run_strided(lens, H, state, cp="off", **kw):
+    """q, k, v, g column slices of one packed [T, 4*H*128] projection, beta a column slice of it
+    too (token stride 4*H*128 + 8): views read in place."""
+    x = reference.make_inputs(lens, H, seed=1, device="cuda", state=state)
+    T, HD = sum(lens), H * 128
+    proj = torch.empty(T, 4 * HD + 8, dtype=torch.bfloat16, device="cuda")
+    for i, name in enumerate(("q", "k", "v", "g")):
+        proj[:, i * HD:(i + 1) * HD] = x[name].reshape(T, HD)
+    proj[:, 4 * HD:4 * HD + H] = x["beta"].reshape(T, H)
+    views = [proj[:, i * HD:(i + 1) * HD].unflatten(1, (H, 128)).unsqueeze(0) for i in range(4)]
+    views.append(proj[:, 4 * HD:4 * HD + H].unsqueeze(0))
+    result = kda_aot.prefill(*views, A_log=x["A_log"], dt_bias=x["dt_bias"], lower_bound=x["lower_bound"],
+                             initial_state=x["initial_state"], output_final_state=state is not None,
+                             cu_seqlens=x["cu_seqlens"], cp=cp, **kw)
+    torch.cuda.synchronize()
+    return result
+
+
 def with_k2_kernel(kind, case):
     """Runs case with KDA_K2_KERNEL=kind (k2 | regstate): the planner picks the register-state K2 at
     VB=64 and 128 (planner.k2_kernel), so the mma.sync K2 at those blocks runs only when forced."""
@@ -106,6 +124,11 @@ CASES = {
     "pool-cp-fp32": lambda: run_pool([1200, 300], 2, torch.float32, cp=4),
     "checkpoints-serial": lambda: run([300, 17, 130], 2, "fp32", checkpoint_every=64),
     "checkpoints-cp": lambda: run([1200, 300], 2, "bf16", cp=4, checkpoint_every=32),
+    # checkpoints at given offsets [N, 2] (written, past the end, negative)
+    "checkpoint-offsets-cp": lambda: run([1200, 300], 2, "fp32", cp=4, checkpoint_offsets=torch.tensor(
+        [[1104, 5000], [-1, 288]], dtype=torch.int64, device="cuda"),
+        checkpoint_state=torch.empty(2, 2, 2, 128, 128, device="cuda")),
+    "strided-serial": lambda: run_strided([300, 17], 2, "fp32"),
     # the general K1: fast tiles only, then mostly wide tiles, both numerics, fp32 g and beta
     "form-sigmoid-fast": lambda: run_form([300, 17], 2, "sigmoid", "probs"),
     "form-softplus-wide": lambda: run_form([300, 17], 2, "softplus", g_scale=12.0),
