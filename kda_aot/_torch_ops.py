@@ -21,20 +21,25 @@ cannot also return them (docs/torch.md has the full schemas):
 
     kda_aot::prefill_out(q, k, v, g, beta, A_log, dt_bias, Tensor(a!) out, Tensor(b!)? final_state,
         Tensor(c!)? workspace, lower_bound, scale, initial_state, cu_seqlens, cu_seqlens_cpu, seq_lens,
-        cp, numerics, gate, beta_form, allow_neg_eigval) -> ()
-      writes o into `out` and, when given, the final state into `final_state`; `workspace` is
-      scratch the kernels write.
+        cp, numerics, gate, beta_form, allow_neg_eigval, Tensor? checkpoint_offsets=None,
+        Tensor(d!)? checkpoint_state=None) -> ()
+      writes o into `out` and, when given, the final state into `final_state` and the checkpoints
+      at checkpoint_offsets into `checkpoint_state`; `workspace` is scratch the kernels write.
 
     kda_aot::prefill_pool(q, k, v, g, beta, A_log, dt_bias, Tensor(a!) state_pool, Tensor state_indices,
-        lower_bound, scale, cu_seqlens, cu_seqlens_cpu, seq_lens, cp, gate, beta_form, allow_neg_eigval)
+        lower_bound, scale, cu_seqlens, cu_seqlens_cpu, seq_lens, cp, gate, beta_form, allow_neg_eigval,
+        Tensor? checkpoint_offsets=None, Tensor(b!)? checkpoint_state=None, Tensor? checkpoint_slots=None)
         -> Tensor
-      returns o; reads and writes the state pool in place (docs/state_pool.md).
+      returns o; reads and writes the state pool in place (docs/state_pool.md), and writes the
+      checkpoints at checkpoint_offsets into checkpoint_state or into the pool at checkpoint_slots.
 
 The gate and beta forms (`gate`, `beta_form`, `allow_neg_eigval`, and `lower_bound` None meaning
 the form's default) are kda_aot.prefill's, passed through unchanged; the new arguments come last
 so that positional callers of the earlier schemas keep working. All three run `kda_aot.prefill` on
 torch's current stream, so they work inside CUDA graph capture as the plain call does. They have
 no autograd formula: a forward with inputs that require grad works, backward raises.
+
+Strided q, k, v, g and beta reach the kernels as they are (TAGS: exact strides, never a copy).
 """
 
 from typing import List, Optional, Tuple
@@ -50,9 +55,49 @@ TAGS = (torch.Tag.needs_exact_strides,) if hasattr(torch.Tag, "needs_exact_strid
     torch.Tag.needs_fixed_stride_order,)
 
 
-def state_dtype(initial_state: Optional[torch.Tensor]) -> torch.dtype:
-    """The final state's dtype when prefill allocates it: initial_state's, else fp32 (api rule)."""
-    return torch.float32 if initial_state is None else initial_state.dtype
+def bump_written_versions(op_def, *, force: bool = False) -> None:
+    """Make the op's in-place version bump skip written arguments the call left at their default.
+
+    The dispatcher hands a Python kernel its arguments without the trailing ones that equal their
+    defaults. torch releases whose custom_op version bump (the ADInplaceOrView kernel) indexes the
+    arguments as passed raise IndexError when a trailing optional written argument (final_state,
+    checkpoint_state) is left out; later releases fill the defaults in first. On a release of the
+    first kind (or with `force`), the op gets a kernel that bumps the written tensors it was given
+    and redispatches, as the later releases' kernel does."""
+    if not force and _version_bump_fills_defaults():
+        return
+    op = op_def._opoverload
+    written = [(i, a.name, a.kwarg_only) for i, a in enumerate(op._schema.arguments)
+               if a.alias_info is not None and a.alias_info.is_write]
+    after = torch._C._after_ADInplaceOrView_keyset
+
+    def kernel(keyset, *args, **kwargs):
+        for i, name, kwarg_only in written:
+            value = kwargs.get(name) if kwarg_only or i >= len(args) else args[i]
+            if isinstance(value, torch.Tensor):
+                torch.autograd.graph.increment_version(value)
+        with torch._C._AutoDispatchBelowADInplaceOrView():
+            return op.redispatch(keyset & after, *args, **kwargs)
+
+    op_def._lib.impl(op_def._name, kernel, "ADInplaceOrView", with_keyset=True, allow_override=True)
+
+
+def _version_bump_fills_defaults() -> bool:
+    import inspect
+
+    from torch._library import custom_ops
+
+    try:
+        return "fill_defaults" in inspect.getsource(custom_ops.CustomOpDef)
+    except (OSError, TypeError):  # no source: assume the older kernel
+        return False
+
+
+def state_dtype(initial_state: Optional[torch.Tensor], checkpoint_state: Optional[torch.Tensor] = None) -> torch.dtype:
+    """The final state's dtype when prefill allocates it: the call's other state's (initial_state,
+    checkpoint_state), else fp32 (api rule: one state dtype per call)."""
+    given = initial_state if initial_state is not None else checkpoint_state
+    return torch.float32 if given is None else given.dtype
 
 
 def num_sequences(q: torch.Tensor, cu_seqlens: Optional[torch.Tensor]):
@@ -95,7 +140,8 @@ def _prefill_fake(q, k, v, g, beta, A_log, dt_bias, lower_bound=None, scale=None
 # ---------------------------------------------------------------------------------------------
 # kda_aot::prefill_out (writes into caller buffers)
 
-@torch.library.custom_op("kda_aot::prefill_out", mutates_args=("out", "final_state", "workspace"), tags=TAGS)
+@torch.library.custom_op("kda_aot::prefill_out", mutates_args=("out", "final_state", "workspace", "checkpoint_state"),
+                         tags=TAGS)
 def _prefill_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                     A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], out: torch.Tensor,
                     final_state: Optional[torch.Tensor], workspace: Optional[torch.Tensor],
@@ -103,43 +149,56 @@ def _prefill_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
                     initial_state: Optional[torch.Tensor] = None, cu_seqlens: Optional[torch.Tensor] = None,
                     cu_seqlens_cpu: Optional[torch.Tensor] = None, seq_lens: Optional[List[int]] = None,
                     cp: str = "auto", numerics: str = "flashkda", gate: str = "safe", beta_form: str = "logits",
-                    allow_neg_eigval: bool = False) -> None:
+                    allow_neg_eigval: bool = False, checkpoint_offsets: Optional[torch.Tensor] = None,
+                    checkpoint_state: Optional[torch.Tensor] = None) -> None:
     api.prefill(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, scale=scale,
                 initial_state=initial_state, output_final_state=final_state is not None, cu_seqlens=cu_seqlens,
                 cu_seqlens_cpu=cu_seqlens_cpu, seq_lens=seq_lens, cp=cp, out=out, final_state=final_state,
                 workspace=workspace, numerics=numerics, gate=gate, beta_form=beta_form,
-                allow_neg_eigval=allow_neg_eigval)
+                allow_neg_eigval=allow_neg_eigval, checkpoint_offsets=checkpoint_offsets,
+                checkpoint_state=checkpoint_state)
 
 
 @_prefill_out_op.register_fake
 def _prefill_out_fake(q, k, v, g, beta, A_log, dt_bias, out, final_state, workspace, lower_bound=None,
                       scale=None, initial_state=None, cu_seqlens=None, cu_seqlens_cpu=None, seq_lens=None, cp="auto",
-                      numerics="flashkda", gate="safe", beta_form="logits", allow_neg_eigval=False):
+                      numerics="flashkda", gate="safe", beta_form="logits", allow_neg_eigval=False,
+                      checkpoint_offsets=None, checkpoint_state=None):
     return None
+
+
+bump_written_versions(_prefill_out_op)
 
 
 # ---------------------------------------------------------------------------------------------
 # kda_aot::prefill_pool (reads and writes a state pool in place, docs/state_pool.md)
 
-@torch.library.custom_op("kda_aot::prefill_pool", mutates_args=("state_pool",), tags=TAGS)
+@torch.library.custom_op("kda_aot::prefill_pool", mutates_args=("state_pool", "checkpoint_state"), tags=TAGS)
 def _prefill_pool_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                      A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], state_pool: torch.Tensor,
                      state_indices: torch.Tensor, lower_bound: Optional[float] = None, scale: Optional[float] = None,
                      cu_seqlens: Optional[torch.Tensor] = None, cu_seqlens_cpu: Optional[torch.Tensor] = None,
                      seq_lens: Optional[List[int]] = None, cp: str = "auto", gate: str = "safe",
-                     beta_form: str = "logits", allow_neg_eigval: bool = False) -> torch.Tensor:
+                     beta_form: str = "logits", allow_neg_eigval: bool = False,
+                     checkpoint_offsets: Optional[torch.Tensor] = None, checkpoint_state: Optional[torch.Tensor] = None,
+                     checkpoint_slots: Optional[torch.Tensor] = None) -> torch.Tensor:
     o, _ = api.prefill(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, scale=scale,
                        cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, seq_lens=seq_lens, cp=cp,
                        state_pool=state_pool, state_indices=state_indices, gate=gate, beta_form=beta_form,
-                       allow_neg_eigval=allow_neg_eigval)
+                       allow_neg_eigval=allow_neg_eigval, checkpoint_offsets=checkpoint_offsets,
+                       checkpoint_state=checkpoint_state, checkpoint_slots=checkpoint_slots)
     return o
 
 
 @_prefill_pool_op.register_fake
 def _prefill_pool_fake(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, lower_bound=None, scale=None,
                        cu_seqlens=None, cu_seqlens_cpu=None, seq_lens=None, cp="auto", gate="safe",
-                       beta_form="logits", allow_neg_eigval=False):
+                       beta_form="logits", allow_neg_eigval=False, checkpoint_offsets=None, checkpoint_state=None,
+                       checkpoint_slots=None):
     return q.new_empty(q.shape)
+
+
+bump_written_versions(_prefill_pool_op)
 
 
 PREFILL = torch.ops.kda_aot.prefill.default
@@ -159,7 +218,9 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
             final_state: Optional[torch.Tensor] = None, workspace: Optional[torch.Tensor] = None,
             state_pool: Optional[torch.Tensor] = None, state_indices: Optional[torch.Tensor] = None,
             numerics: str = "flashkda", gate: str = "safe", beta_form: str = "logits",
-            allow_neg_eigval: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+            allow_neg_eigval: bool = False, checkpoint_offsets: Optional[torch.Tensor] = None,
+            checkpoint_state: Optional[torch.Tensor] = None,
+            checkpoint_slots: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """kda_aot.prefill through the torch ops: returns (o, final_state or None).
 
     Same arguments and checks as kda_aot.prefill (README, kda_aot/api.py), gate and beta forms
@@ -168,6 +229,8 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
     graph) and the test-only `value_split` and integer `cp`. `cu_seqlens_cpu` may be a CPU tensor,
     a list or a numpy array. With none of out=, final_state=, workspace= it calls
     kda_aot::prefill, else kda_aot::prefill_out, allocating whichever output the caller did not give.
+    Checkpoints at given offsets (`checkpoint_offsets` with `checkpoint_state`, or with a state pool
+    `checkpoint_slots`) go through kda_aot::prefill_out, or kda_aot::prefill_pool with a pool.
     """
     if final_state is not None and not output_final_state:
         raise ValueError("final_state: a buffer was given but output_final_state=False")
@@ -184,17 +247,24 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
         if numerics != "flashkda":
             raise NotImplementedError("numerics: 'accurate' with state_pool is not built; use numerics='flashkda'")
         return PREFILL_POOL(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, lower_bound, scale,
-                            cu_seqlens, hint, seq_lens, cp, gate, beta_form, allow_neg_eigval), None
-    if out is None and final_state is None and workspace is None:
+                            cu_seqlens, hint, seq_lens, cp, gate, beta_form, allow_neg_eigval, checkpoint_offsets,
+                            checkpoint_state, checkpoint_slots), None
+    if checkpoint_slots is not None:
+        raise ValueError("checkpoint_slots: requires state_pool (checkpoint (n, k) is written into "
+                         "state_pool[checkpoint_slots[n, k]])")
+    if out is None and final_state is None and workspace is None and checkpoint_offsets is None and \
+            checkpoint_state is None:
         o, final = PREFILL(q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, initial_state, output_final_state,
                            cu_seqlens, hint, seq_lens, cp, numerics, gate, beta_form, allow_neg_eigval)
         return o, (final if output_final_state else None)
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if output_final_state and final_state is None:
-        final_state = q.new_empty((num_sequences(q, cu_seqlens), q.shape[2], D, D), dtype=state_dtype(initial_state))
+        final_state = q.new_empty((num_sequences(q, cu_seqlens), q.shape[2], D, D),
+                                  dtype=state_dtype(initial_state, checkpoint_state))
     PREFILL_OUT(q, k, v, g, beta, A_log, dt_bias, out, final_state, workspace, lower_bound, scale, initial_state,
-                cu_seqlens, hint, seq_lens, cp, numerics, gate, beta_form, allow_neg_eigval)
+                cu_seqlens, hint, seq_lens, cp, numerics, gate, beta_form, allow_neg_eigval, checkpoint_offsets,
+                checkpoint_state)
     return out, final_state
 
 

@@ -39,7 +39,8 @@ class Checkpoints(NamedTuple):
     index: Any
 
 _TENSOR_ARGS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens", "out", "final_state",
-                "state_pool", "state_indices", "checkpoints", "checkpoint_index", "workspace")
+                "state_pool", "state_indices", "checkpoints", "checkpoint_index", "checkpoint_state",
+                "checkpoint_offsets", "checkpoint_slots", "workspace")
 _VALIDATE_MODES = ("device", "host")
 
 # CallPlans by key (shapes, dtypes, devices, scalars, options; never a pointer or a caller's object).
@@ -57,12 +58,16 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any = None, dt_
             state_pool: Any = None, state_indices: Any = None, checkpoint_every: Optional[int] = None,
             checkpoints: Any = None, checkpoint_index: Any = None, state_indices_cpu: Any = None,
             numerics: str = "flashkda", gate: str = "safe", beta_form: str = "logits",
-            allow_neg_eigval: bool = False) -> Tuple[Any, ...]:
+            allow_neg_eigval: bool = False, checkpoint_offsets: Any = None, checkpoint_state: Any = None,
+            checkpoint_slots: Any = None) -> Tuple[Any, ...]:
     """KDA prefill (docs/api.md): returns (o, final_state or None), and a third element,
     Checkpoints(states, index), when checkpoint_every is given.
 
     q, k, v, g: bf16 [B, T, H, 128]; beta: bf16 logits [B, T, H]; A_log fp32 [H]; dt_bias fp32
     [H, 128] (or [H*128]); initial_state / final_state: [N, H, 128 (V), 128 (K)] bf16 or fp32.
+    q, k, v, g and beta may be strided views, read in place (docs/api.md, "Strided inputs"): token
+    and head strides of 16-byte multiples (beta: any token stride, adjacent heads), the B * T tokens
+    one run of rows; every other tensor is contiguous.
     `gate` (docs/gate_forms.md): "safe" (default, FlashKDA's lower_bound * sigmoid(exp(A_log) *
     (g + dt_bias)) with lower_bound in [-5, 0), None meaning -5), "sigmoid" (the same formula for
     any negative bound, A_log and dt_bias optional), "softplus" (-exp(A_log) * softplus(g +
@@ -96,6 +101,16 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any = None, dt_
     undefined otherwise. `checkpoint_every=C` (a multiple of 16) also returns the state after every C tokens
     of each sequence: Checkpoints(states [B*T // C, H, 128, 128], index int32 [B*T // C, 2]);
     `checkpoints` / `checkpoint_index` are used in place when given.
+
+    Checkpoints at given offsets (docs/state_pool.md): `checkpoint_offsets` int32 or int64 [N] or
+    [N, K] (K 1 or 2) on the device; checkpoint (n, k) is the state of sequence n after its first
+    checkpoint_offsets[n, k] tokens, written when that is a positive multiple of 16 below the
+    sequence's length (else nothing is written; the values are never read on the host). It goes
+    into `checkpoint_state` [N, H, 128, 128] ([N, K, H, 128, 128] for [N, K] offsets), in the
+    call's state dtype, or, with a state pool, into state_pool[checkpoint_slots[n, k]]
+    (`checkpoint_slots` int32 like the offsets; a slot outside the pool writes nothing). Exactly
+    one of checkpoint_state / checkpoint_slots; not with checkpoint_every. The return value is
+    unchanged.
     """
     if final_state is not None and not output_final_state:
         raise ValueError("final_state: a buffer was given but output_final_state=False")
@@ -105,7 +120,8 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any = None, dt_
     if validate not in _VALIDATE_MODES:
         raise ValueError(f"validate: expected 'device' or 'host', got {validate!r}")
     tensors = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state, state_pool,
-               state_indices, checkpoints, checkpoint_index, workspace)
+               state_indices, checkpoints, checkpoint_index, checkpoint_state, checkpoint_offsets, checkpoint_slots,
+               workspace)
     torch = sys.modules.get("torch")
     intake = None if torch is None else _torch_intake(torch.Tensor, tensors)
     handle = None
@@ -215,9 +231,11 @@ def _intake_stream(q, stream) -> Optional[int]:
 def _torch_intake(Tensor, tensors):
     """(signature, pointers) of torch tensors in one pass, or None when an argument is not a torch
     tensor (the DLPack intake then reads every argument). The signature is everything the wall
-    checks of a tensor except its address: dtype, shape, contiguity, device, and the neg bit (a neg
-    view's memory holds the un-negated values). Flat, with None for an absent argument: each
-    attribute read costs a few hundred nanoseconds on a serving host, nested tuples more."""
+    checks of a tensor except its address: dtype, shape, layout (True for a contiguous tensor, else
+    its strides: strided views plan with their strides), device, and the neg bit (a neg view's
+    memory holds the un-negated values). Flat, with None for an absent argument: each attribute
+    read costs a few hundred nanoseconds on a serving host, nested tuples more, so the strides are
+    read only for a tensor that is not contiguous."""
     sig, ptrs = [], []
     for t in tensors:
         if t is None:
@@ -226,7 +244,7 @@ def _torch_intake(Tensor, tensors):
         elif not isinstance(t, Tensor):
             return None
         else:
-            sig += (t.dtype, t.shape, t.is_contiguous(), t.get_device(), t.is_neg())
+            sig += (t.dtype, t.shape, t.is_contiguous() or t.stride(), t.get_device(), t.is_neg())
             ptrs.append(t.data_ptr())
     return tuple(sig), ptrs
 
@@ -362,7 +380,9 @@ def _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_s
                                cu_seqlens=t["cu_seqlens"], out=t["out"], cp=cp, state_pool=t["state_pool"],
                                state_indices=t["state_indices"], checkpoint_every=checkpoint_every,
                                checkpoints=t["checkpoints"], checkpoint_index=t["checkpoint_index"], numerics=numerics,
-                               gate=form[0], beta_form=form[1], allow_neg_eigval=form[2])
+                               gate=form[0], beta_form=form[1], allow_neg_eigval=form[2],
+                               checkpoint_state=t["checkpoint_state"], checkpoint_offsets=t["checkpoint_offsets"],
+                               checkpoint_slots=t["checkpoint_slots"])
     if problem.checkpoint_every and problem.state_dtype is None:
         import dataclasses
 
@@ -485,12 +505,14 @@ def workspace_size(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any = No
                    validate: str = "device", state_pool: Any = None, state_indices: Any = None,
                    checkpoint_every: Optional[int] = None, checkpoints: Any = None, checkpoint_index: Any = None,
                    state_indices_cpu: Any = None, numerics: str = "flashkda", gate: str = "safe",
-                   beta_form: str = "logits", allow_neg_eigval: bool = False) -> int:
+                   beta_form: str = "logits", allow_neg_eigval: bool = False, checkpoint_offsets: Any = None,
+                   checkpoint_state: Any = None, checkpoint_slots: Any = None) -> int:
     """Bytes of `workspace=` that prefill needs for these arguments (validated as prefill would).
     `stream`, `workspace`, `validate` and `state_indices_cpu` are accepted so that prefill's own
     keyword arguments can be passed unchanged; they do not change the size (nor does `numerics`, which is checked)."""
     tensors = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state, state_pool,
-               state_indices, checkpoints, checkpoint_index, None)
+               state_indices, checkpoints, checkpoint_index, checkpoint_state, checkpoint_offsets, checkpoint_slots,
+               None)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(q, torch.Tensor):
         descs = _describe_all(tensors)
@@ -507,9 +529,10 @@ def workspace_size(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any = No
 def workspace_size_for(T: int, H: int, *, N: int = 1, varlen: bool = False, cu_dtype: str = "int32",
                        seq_lens: Optional[Sequence[int]] = None, cp: Union[str, int] = "auto", sm_count: int = 132,
                        has_initial: bool = False, has_final: bool = False,
-                       checkpoint_every: Optional[int] = None) -> int:
+                       checkpoint_every: Optional[int] = None, checkpoint_k: int = 0) -> int:
     """Bytes of workspace for a problem given by its shapes: dense [N, T] (varlen=False) or packed T
-    tokens in N sequences (varlen=True, optional host `seq_lens`), H heads, on `sm_count` SMs."""
+    tokens in N sequences (varlen=True, optional host `seq_lens`), H heads, on `sm_count` SMs.
+    `checkpoint_k`: checkpoints at given offsets per sequence (0, 1 or 2; checkpoint_offsets' K)."""
     from . import launcher
     from .validation import Problem, check_checkpoint_every, parse_cp
 
@@ -517,12 +540,19 @@ def workspace_size_for(T: int, H: int, *, N: int = 1, varlen: bool = False, cu_d
         if type(value) is not int or value < (1 if name in ("H", "sm_count") else 0):
             raise ValueError(f"{name}: expected a non-negative int{' >= 1' if name in ('H', 'sm_count') else ''}, "
                              f"got {value!r}")
+    if checkpoint_k not in (0, 1, 2) or type(checkpoint_k) is not int:
+        raise ValueError(f"checkpoint_k: expected 0, 1 or 2 (checkpoints at given offsets per sequence), "
+                         f"got {checkpoint_k!r}")
+    if checkpoint_k and checkpoint_every is not None:
+        raise ValueError("checkpoint_k: cannot be combined with checkpoint_every")
     B = 1 if varlen else N
     every = check_checkpoint_every(checkpoint_every)
     problem = Problem(B=B, T=T, H=H, N=N, varlen=varlen, cu_dtype=cu_dtype if varlen else None,
                       state_dtype="float32" if (has_initial or has_final) else None, has_initial=has_initial,
                       has_final=has_final, scale=D ** -0.5, lower_bound=-5.0, device_id=0, cp=parse_cp(cp),
-                      checkpoint_every=every, n_checkpoints=(B * T) // every if every else 0)
+                      checkpoint_every=every, n_checkpoints=(B * T) // every if every else 0,
+                      checkpoint_k=checkpoint_k, checkpoint_into="buffer" if checkpoint_k else None,
+                      checkpoint_offsets_dtype="int32" if checkpoint_k else None)
     if varlen:
         lengths = _hint_lengths(_hint_key(seq_lens, None), N, T)
     else:

@@ -39,8 +39,9 @@ class CallPlan:
     alloc_final: bool  # the call allocates the final state (output_final_state without a buffer)
     # (input slot, alignment mask) for every non-empty tensor the caller passed
     align: Tuple[Tuple[int, int], ...]
-    # (slot, nbytes) of every caller-given buffer that is written (out, final_state, workspace),
-    # and of every tensor they must not overlap
+    # (slot, nbytes) of every caller-given buffer that is written (out, final_state, checkpoint
+    # buffers, the pool, workspace), and of every tensor they must not overlap; nbytes spans a
+    # strided view from its pointer to the end of its last element
     written: Tuple[Tuple[int, int], ...]
     read: Tuple[Tuple[int, int], ...]
     workspace_given: bool
@@ -129,9 +130,10 @@ def build(lib, problem: Problem, *, lengths: Optional[Tuple[int, ...]], sm_count
     if given.get("workspace"):
         align.append((SLOT["workspace"], WORKSPACE_ALIGN - 1))
     written = [(SLOT[n], nbytes[n]) for n in ("out", "final_state", "checkpoints", "checkpoint_index", "state_pool",
-                                              "workspace") if given.get(n) and nbytes[n] > 0]
+                                              "checkpoint_state", "workspace") if given.get(n) and nbytes[n] > 0]
     read = [(SLOT[n], nbytes[n]) for n in ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state",
-                                           "cu_seqlens", "state_indices") if given.get(n) and nbytes[n] > 0]
+                                           "cu_seqlens", "state_indices", "checkpoint_offsets", "checkpoint_slots")
+            if given.get(n) and nbytes[n] > 0]
     has_final = problem.has_final
     return CallPlan(
         problem=problem, launch=launch, out_shape=(problem.B, problem.T, problem.H, D),

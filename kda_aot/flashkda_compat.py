@@ -21,13 +21,21 @@ scratch of at least the call's need; `get_workspace_size(T, H, N)` for the large
 all) and N (sequences) a caller will pass serves every smaller call. Without it the workspace comes
 from torch's caching allocator, as FlashKDA's fwd allocates one.
 
-Checkpoints at given offsets (the fork's `checkpoint_state` [N, (K,) H, 128, 128] and
-`checkpoint_offsets` [N] or [N, K]) are not built in the kernels: `checkpoint_offsets` raises
-NotImplementedError, and `checkpoint_state` without offsets raises ValueError.
+q, k, v, g and beta may be strided views (token and head strides of 16-byte multiples, the B * T
+tokens one run of rows; docs/api.md, "Strided inputs"): the kernels read them in place, nothing is
+copied.
+
+Checkpoints at given offsets, the fork's contract: `checkpoint_offsets` [N] or [N, K] (K 1 or 2) on
+the device, of cu_seqlens' dtype in the fork (int32 and int64 are both taken), and
+`checkpoint_state` [N, H, 128, 128] ([N, K, H, 128, 128] for [N, K] offsets), fp32 in the fork.
+Checkpoint (n, k) is the state of sequence n after its first checkpoint_offsets[n, k] tokens,
+written when that is a positive multiple of 16 below the sequence's length and left untouched
+otherwise (docs/state_pool.md). One state dtype per call: checkpoint_state's dtype equals
+initial_state's / final_state's when they are given. One without the other raises ValueError.
 
 The operator has the vLLM fork's op schema order (workspace after out), so a positional call of
-the fork's `torch.ops._flashkda_C.fwd` maps one to one; it declares out, workspace and final_state
-as written, for torch.compile (checkpoint_state is never written while checkpoint_offsets is refused).
+the fork's `torch.ops._flashkda_C.fwd` maps one to one; it declares out, workspace, final_state and
+checkpoint_state as written, for torch.compile.
 """
 
 from typing import Optional
@@ -36,7 +44,7 @@ import torch
 
 from . import _torch_ops
 from . import api
-from .abi_constants import CHUNK
+from .abi_constants import CHUNK, WORKSPACE_ALIGN
 from .workspace import workspace_layout, cp_layout
 
 
@@ -52,13 +60,14 @@ def get_workspace_size(T_total: int, H: int, N: int = 1, *, cp: str = "off", sm_
     fewer slots than sequences never pays), into at most N' + P segments, each needing the same
     tables and an fp32 [128, 128] scratch of three states per head: at most 6 * sm_count * 64 KiB
     more (50 MiB on 132 SMs). `sm_count` is the SM count of the device the calls run on (default: torch's current
-    device). A buffer sized for cp="auto" also serves cp="off" calls.
+    device). A buffer sized for cp="auto" also serves cp="off" calls. Checkpoints at given offsets
+    add a table of at most two int32 pairs per sequence, included here.
     """
     for name, value in (("T_total", T_total), ("H", H), ("N", N)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{name}: expected an int >= 0, got {value!r}")
     tiles = -(-T_total // CHUNK) + N
-    serial = workspace_layout(H, tiles, N).nbytes
+    serial = workspace_layout(H, tiles, N).nbytes + _checkpoint_table_bytes(N)
     if cp == "off":
         return serial
     if cp not in ("auto", "on"):
@@ -73,7 +82,13 @@ def get_workspace_size(T_total: int, H: int, N: int = 1, *, cp: str = "off", sm_
         return serial
     slots = max(1, sm_count // H)
     segments = min(N, slots) + slots  # a call of N' <= min(N, P) sequences splits into <= N' + P
-    return max(serial, cp_layout(H, -(-T_total // CHUNK) + segments, N, segments).nbytes)
+    return max(serial, cp_layout(H, -(-T_total // CHUNK) + segments, N, segments).nbytes + _checkpoint_table_bytes(N))
+
+
+def _checkpoint_table_bytes(N: int) -> int:
+    """Workspace of the checkpoint table of N sequences at K = 2: int32 [N * 2, 2], in its own
+    WORKSPACE_ALIGN-aligned region."""
+    return -(-16 * N // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
 
 
 def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, scale: float,
@@ -82,28 +97,32 @@ def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta
         cu_seqlens: Optional[torch.Tensor] = None, *, workspace: Optional[torch.Tensor] = None,
         checkpoint_state: Optional[torch.Tensor] = None, checkpoint_offsets: Optional[torch.Tensor] = None,
         cp: str = "off") -> None:
-    """FlashKDA's forward (module docstring): writes out and final_state in place, returns None."""
+    """FlashKDA's forward (module docstring): writes out, final_state and checkpoint_state in place,
+    returns None."""
     _check_extras(out, checkpoint_state, checkpoint_offsets)
     # api.prefill looked up per call: CPU tests stand a reference in for the kernels
     api.prefill(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, lower_bound=float(lower_bound), scale=float(scale),
                 initial_state=initial_state, output_final_state=final_state is not None, final_state=final_state,
-                out=out, cu_seqlens=cu_seqlens, workspace=workspace, cp=cp)
+                out=out, cu_seqlens=cu_seqlens, workspace=workspace, cp=cp, checkpoint_offsets=checkpoint_offsets,
+                checkpoint_state=checkpoint_state)
 
 
 def _check_extras(out, checkpoint_state, checkpoint_offsets) -> None:
-    if checkpoint_offsets is not None:
-        raise NotImplementedError("checkpoint_offsets: checkpoints at given offsets are not built in kda-aot's "
-                                  "kernels yet (kda_aot.prefill's checkpoint_every=C writes every C-th state)")
-    if checkpoint_state is not None:
-        raise ValueError("checkpoint_state: given without checkpoint_offsets")
+    """What fwd refuses before prefill's wall (also at trace time, in the operator's fake)."""
+    if checkpoint_state is not None and checkpoint_offsets is None:
+        raise ValueError("checkpoint_state: given without checkpoint_offsets (the tokens after which each "
+                         "checkpoint is taken)")
+    if checkpoint_offsets is not None and checkpoint_state is None:
+        raise ValueError("checkpoint_offsets: needs checkpoint_state, the [N, (K,) H, 128, 128] buffer the "
+                         "checkpoints are written into")
     if out is None:
         raise TypeError("out: FlashKDA's fwd writes the output into `out`; pass a bf16 [B, T, H, 128] buffer")
 
 
-# checkpoint_state is not among the written arguments: it is never written (checkpoint_offsets is
-# refused), and torch 2.11 indexes an omitted trailing written argument out of range when it bumps
-# the written tensors' versions (IndexError on the H200's torch, not on 2.13).
-@torch.library.custom_op("kda_aot::flashkda_fwd", mutates_args=("out", "workspace", "final_state"),
+# checkpoint_state is a trailing optional written argument: _torch_ops.bump_written_versions below
+# keeps torch releases whose version bump indexes the arguments as passed from failing when it is
+# left out.
+@torch.library.custom_op("kda_aot::flashkda_fwd", mutates_args=("out", "workspace", "final_state", "checkpoint_state"),
                          tags=_torch_ops.TAGS)
 def _flashkda_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                      scale: float, out: torch.Tensor, workspace: Optional[torch.Tensor], A_log: torch.Tensor,
@@ -122,6 +141,8 @@ def _flashkda_fwd_fake(q, k, v, g, beta, scale, out, workspace, A_log, dt_bias, 
     _check_extras(out, checkpoint_state, checkpoint_offsets)
     return None
 
+
+_torch_ops.bump_written_versions(_flashkda_fwd_op)
 
 FLASHKDA_FWD = torch.ops.kda_aot.flashkda_fwd.default
 

@@ -23,7 +23,8 @@ from .loader import KernelLibrary
 
 # The per-call pointer vector, in this order (kda_run's `inputs`).
 INPUTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens", "out", "final_state",
-          "state_pool", "state_indices", "checkpoints", "checkpoint_index", "workspace", "stream")
+          "state_pool", "state_indices", "checkpoints", "checkpoint_index", "checkpoint_state", "checkpoint_offsets",
+          "checkpoint_slots", "workspace", "stream")
 SLOT = {name: i for i, name in enumerate(INPUTS)}
 N_INPUTS = len(INPUTS)
 _PACK = struct.Struct(f"<{N_INPUTS}Q").pack

@@ -5,8 +5,12 @@ tested) on a machine without a GPU. Nothing is ever copied, cast or made contigu
 that does not fit is refused with an error whose message starts with the argument's name.
 
 Checks run in phases, so the first error reported is the most basic one:
-kinds (tensor / number) -> device, writable outputs -> dtype -> shape -> layout (contiguity,
-alignment) -> values (scalars, cp) -> aliasing of the outputs.
+kinds (tensor / number), which arguments go together -> device, writable outputs -> dtype ->
+shape -> layout (strides of q, k, v, g, beta; contiguity of the rest; alignment) -> values
+(scalars, cp, numerics) -> aliasing of the outputs.
+
+q, k, v, g and beta may be strided views (docs/api.md, "Strided inputs"): their strides are
+normalised into `Problem.strides`, which the launcher hands to the kernels and plans are keyed by.
 """
 
 from __future__ import annotations
@@ -58,6 +62,14 @@ class Problem:
     n_checkpoints: int = 0
     numerics: str = "flashkda"  # parse_numerics(numerics): "flashkda" | "accurate" (docs/numerics.md)
     form: Form = Form()  # the gate and beta forms (kda_aot/gate_forms.py)
+    # Element strides of the strided inputs, normalised (size-1 dims carry their contiguous value):
+    # (q_t, q_h, k_t, k_h, v_t, v_h, g_t, g_h, beta_t); () means every input is contiguous.
+    strides: Tuple[int, ...] = ()
+    # Checkpoints at given offsets (docs/state_pool.md): K per sequence (0: none), where they go
+    # ("buffer": checkpoint_state, "pool": state_pool at checkpoint_slots) and the offsets' dtype.
+    checkpoint_k: int = 0
+    checkpoint_into: Optional[str] = None
+    checkpoint_offsets_dtype: Optional[str] = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -65,12 +77,16 @@ class Problem:
 
 _REQUIRED = ("q", "k", "v", "g", "beta")
 _OPTIONAL = ("A_log", "dt_bias", "out", "initial_state", "final_state", "cu_seqlens", "state_pool", "state_indices", "checkpoints",
-             "checkpoint_index")
-_INPUTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens", "state_indices")
+             "checkpoint_index", "checkpoint_state", "checkpoint_offsets", "checkpoint_slots")
+_INPUTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens", "state_indices",
+           "checkpoint_offsets", "checkpoint_slots")
 # Written in place. state_pool is read too (its entry states) but written where it is read: it
 # may overlap nothing else, which the output check below gives.
-_OUTPUTS = ("out", "final_state", "checkpoints", "checkpoint_index", "state_pool")
-_STATES = ("initial_state", "final_state", "state_pool", "checkpoints")  # one state dtype per call
+_OUTPUTS = ("out", "final_state", "checkpoints", "checkpoint_index", "state_pool", "checkpoint_state")
+# one state dtype per call
+_STATES = ("initial_state", "final_state", "state_pool", "checkpoints", "checkpoint_state")
+# Read in place as strided views (the rest must be contiguous; the pool keeps its slot stride).
+_STRIDED = ("q", "k", "v", "g", "beta")
 
 _BF16, _FP32, _I32, _I64 = "bfloat16", "float32", "int32", "int64"
 _DTYPES: Dict[str, Tuple[str, ...]] = {
@@ -89,6 +105,9 @@ _DTYPES: Dict[str, Tuple[str, ...]] = {
     "state_indices": (_I32,),
     "checkpoints": (_BF16, _FP32),
     "checkpoint_index": (_I32,),
+    "checkpoint_state": (_BF16, _FP32),
+    "checkpoint_offsets": (_I32, _I64),
+    "checkpoint_slots": (_I32,),
 }
 
 # Bytes each pointer must be aligned to, per argument and dtype: the largest alignment any kernel
@@ -103,6 +122,8 @@ ALIGNMENT: Alignment = {
     "cu_seqlens": {_I32: 4, _I64: 8},
     "state_pool": {_BF16: 16, _FP32: 16}, "state_indices": {_I32: 4},
     "checkpoints": {_BF16: 16, _FP32: 16}, "checkpoint_index": {_I32: 4},
+    "checkpoint_state": {_BF16: 16, _FP32: 16}, "checkpoint_offsets": {_I32: 4, _I64: 8},
+    "checkpoint_slots": {_I32: 4},
 }
 
 Tensors = Dict[str, Optional["TensorDesc"]]
@@ -115,7 +136,8 @@ def validate_prefill(*, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, in
                      final_state, cu_seqlens, out, cp, alignment: Optional[Alignment] = None, state_pool=None,
                      state_indices=None, checkpoint_every=None, checkpoints=None,
                      checkpoint_index=None, numerics: str = "flashkda", gate: str = "safe",
-                     beta_form: str = "logits", allow_neg_eigval: bool = False) -> Problem:
+                     beta_form: str = "logits", allow_neg_eigval: bool = False, checkpoint_state=None,
+                     checkpoint_offsets=None, checkpoint_slots=None) -> Problem:
     """Check every argument of a prefill call; return the Problem or raise naming the argument.
 
     `alignment`: bytes per argument and dtype (a manifest's `arg_alignment`); default ALIGNMENT.
@@ -123,7 +145,8 @@ def validate_prefill(*, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, in
     t: Tensors = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias, out=out,
                       initial_state=initial_state, final_state=final_state, cu_seqlens=cu_seqlens,
                       state_pool=state_pool, state_indices=state_indices, checkpoints=checkpoints,
-                      checkpoint_index=checkpoint_index)
+                      checkpoint_index=checkpoint_index, checkpoint_state=checkpoint_state,
+                      checkpoint_offsets=checkpoint_offsets, checkpoint_slots=checkpoint_slots)
     gate, beta_form, neg_eigval = parse_form(gate, beta_form, allow_neg_eigval)
     _check_kinds(t)
     _check_form_arguments(t, gate, lower_bound)
@@ -139,16 +162,18 @@ def validate_prefill(*, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, in
     B, T, H, N = _check_shapes(t)
     n_checkpoints = (B * T) // every if every else 0
     _check_state_io_shapes(t, N, H, n_checkpoints)
-    _check_contiguous({name: d for name, d in given.items() if name != "state_pool"})
+    checkpoint_k = _check_checkpoint_shapes(t, N, H)
+    strides = _check_strides(t)
+    _check_contiguous({name: d for name, d in given.items() if name != "state_pool" and name not in _STRIDED})
     _check_alignment(given, ALIGNMENT if alignment is None else alignment)
     lb = _check_lower_bound(gate, lower_bound)
     sc = _check_scale(scale)
     cp_mode = parse_cp(cp)
     numerics = parse_numerics(numerics)
-    if numerics == "accurate" and (state_pool is not None or checkpoint_every):
+    if numerics == "accurate" and (state_pool is not None or checkpoint_every or checkpoint_offsets is not None):
         # the pool/checkpoint kernels (k2_ext, cp_merge_pool) are built with FlashKDA's recipe only
-        raise NotImplementedError("numerics: 'accurate' with state_pool or checkpoint_every is not built; "
-                                  "use numerics='flashkda' or initial_state/final_state")
+        raise NotImplementedError("numerics: 'accurate' with state_pool, checkpoint_every or checkpoint_offsets "
+                                  "is not built; use numerics='flashkda' or initial_state/final_state")
     _check_no_alias(t)
     return Problem(
         B=B, T=T, H=H, N=N,
@@ -163,6 +188,10 @@ def validate_prefill(*, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, in
         n_pool=state_pool.shape[0] if state_pool is not None else 0,
         slot_stride=pool_slot_stride(state_pool) if state_pool is not None else 0,
         checkpoint_every=every, n_checkpoints=n_checkpoints,
+        strides=strides,
+        checkpoint_k=checkpoint_k,
+        checkpoint_into=None if not checkpoint_k else ("buffer" if checkpoint_state is not None else "pool"),
+        checkpoint_offsets_dtype=None if checkpoint_offsets is None else checkpoint_offsets.dtype,
     )
 
 
@@ -208,6 +237,31 @@ def _check_state_options(t: Tensors, every: int) -> None:
         for name in ("checkpoints", "checkpoint_index"):
             if t[name] is not None:
                 raise ValueError(f"{name}: a checkpoint buffer was given but checkpoint_every is None")
+    _check_offset_checkpoint_options(t, every)
+
+
+def _check_offset_checkpoint_options(t: Tensors, every: int) -> None:
+    """Checkpoints at given offsets: checkpoint_offsets with exactly one destination, either
+    checkpoint_state (a buffer) or checkpoint_slots (slots of the state pool)."""
+    offsets, state, slots = t["checkpoint_offsets"], t["checkpoint_state"], t["checkpoint_slots"]
+    if offsets is None:
+        for name in ("checkpoint_state", "checkpoint_slots"):
+            if t[name] is not None:
+                raise ValueError(f"{name}: given without checkpoint_offsets (the tokens after which each "
+                                 "checkpoint is taken)")
+        return
+    if state is None and slots is None:
+        raise ValueError("checkpoint_offsets: needs a destination, checkpoint_state (a [N, (K,) H, 128, 128] "
+                         "buffer) or checkpoint_slots (state_pool slots)")
+    if state is not None and slots is not None:
+        raise ValueError("checkpoint_offsets: takes one destination, checkpoint_state or checkpoint_slots, "
+                         "not both")
+    if slots is not None and t["state_pool"] is None:
+        raise ValueError("checkpoint_slots: requires state_pool (checkpoint (n, k) is written into "
+                         "state_pool[checkpoint_slots[n, k]])")
+    if every:
+        raise ValueError("checkpoint_offsets: cannot be combined with checkpoint_every; pass one way of "
+                         "taking checkpoints")
 
 
 def pool_slot_stride(pool: TensorDesc) -> int:
@@ -241,6 +295,26 @@ def _check_state_io_shapes(t: Tensors, N: int, H: int, n_checkpoints: int) -> No
     if t["checkpoint_index"] is not None:
         _expect_shape("checkpoint_index", t["checkpoint_index"], (n_checkpoints, 2),
                       "[B*T // checkpoint_every, 2] (sequence, tokens)")
+
+
+def _check_checkpoint_shapes(t: Tensors, N: int, H: int) -> int:
+    """checkpoint_offsets [N] or [N, K] (K in {1, 2}), checkpoint_slots like it, checkpoint_state
+    [N, H, 128, 128] for [N] offsets or [N, K, H, 128, 128] for [N, K]. Returns K (0: none)."""
+    offsets = t["checkpoint_offsets"]
+    if offsets is None:
+        return 0
+    shape = tuple(offsets.shape)
+    if len(shape) not in (1, 2) or shape[0] != N or (len(shape) == 2 and shape[1] not in (1, 2)):
+        raise ValueError(f"checkpoint_offsets: expected shape ({N},) [N] or ({N}, K) [N, K] with K 1 or 2 "
+                         f"(N = {N} sequences), got {shape}")
+    K = shape[1] if len(shape) == 2 else 1
+    if t["checkpoint_slots"] is not None:
+        _expect_shape("checkpoint_slots", t["checkpoint_slots"], shape, "like checkpoint_offsets")
+    if t["checkpoint_state"] is not None:
+        want, what = ((N, H, D, D), "[N, H, 128, 128] for [N] offsets") if len(shape) == 1 else (
+            (N, K, H, D, D), "[N, K, H, 128, 128] for [N, K] offsets")
+        _expect_shape("checkpoint_state", t["checkpoint_state"], want, what)
+    return K
 
 
 # --------------------------------------------------------------------------------------------
@@ -433,6 +507,53 @@ def _check_cu_seqlens_shape(cu: TensorDesc, B: int) -> int:
 
 # --------------------------------------------------------------------------------------------
 # Phase 5: layout
+
+def _check_strides(t: Tensors) -> Tuple[int, ...]:
+    """The strided inputs' normalised strides in elements, (q_t, q_h, k_t, k_h, v_t, v_h, g_t, g_h,
+    beta_t), or raise naming the argument (docs/api.md, "Strided inputs")."""
+    out = []
+    for name in ("q", "k", "v", "g"):
+        out += _row_strides(name, t[name], head_dim=True)
+    out.append(_row_strides("beta", t["beta"], head_dim=False)[0])
+    return tuple(out)
+
+
+def _row_strides(name: str, d: TensorDesc, *, head_dim: bool) -> Tuple[int, int]:
+    """(token stride, head stride) of a [B, T, H, 128] (head_dim) or [B, T, H] view whose B * T
+    tokens are one run of rows. Size-1 dims carry no stride (normalised to the contiguous value; a
+    size-1 T takes the batch stride, the distance between its B tokens); an empty view is
+    contiguous."""
+    B, T, H = d.shape[:3]
+    inner = D if head_dim else 1  # contiguous head stride
+    sb, st, sh = d.strides[:3]
+    if d.numel == 0:
+        return H * inner, inner
+    if head_dim and d.strides[3] != 1:
+        raise ValueError(f"{name}: the last (head dim) stride must be 1, got strides {tuple(d.strides)}; "
+                         "nothing is copied")
+    if H == 1:
+        sh = inner
+    if T == 1:
+        st = sb if B > 1 else H * inner
+    for what, value in (("batch", sb if B > 1 else 0), ("token", st), ("head", sh)):
+        if value < 0:
+            raise ValueError(f"{name}: negative {what} stride {value} is not supported (strides "
+                             f"{tuple(d.strides)}); nothing is copied")
+    if not head_dim:
+        if sh != 1:
+            raise ValueError(f"{name}: head stride {sh} must be 1 (strides {tuple(d.strides)}); the heads of a "
+                             "token are read as one run, nothing is copied")
+    else:
+        unit = 16 // d.itemsize  # 16-byte rows: 8 bf16 or 4 fp32 elements
+        for what, value in (("token", st), ("head", sh)):
+            if value % unit:
+                raise ValueError(f"{name}: {what} stride {value} is not a multiple of {unit} elements "
+                                 f"(16-byte rows); nothing is copied")
+    if B > 1 and sb != T * st:
+        raise ValueError(f"{name}: batch stride {sb} is not T * token stride ({T} * {st} = {T * st}); the "
+                         "B * T tokens must be one run of rows, nothing is copied")
+    return st, sh
+
 
 def _check_contiguous(given: Dict[str, TensorDesc]) -> None:
     for name, d in given.items():
@@ -628,8 +749,9 @@ def int_entries(values: Iterable, name: str, error: type = TypeError) -> list:
 
 def extent_bytes(d: TensorDesc) -> int:
     """Bytes from the data pointer to the end of the last element (nbytes for a contiguous
-    tensor; a state pool with a padded slot stride spans more than its elements). Strides are
-    non-negative here (the contiguity and pool layout checks ran before)."""
+    tensor; a strided view or a state pool with a padded slot stride spans more than its
+    elements). Strides are non-negative here (the layout checks ran before); a size-1 dim's
+    stride is never stepped over, whatever it is."""
     if d.numel == 0:
         return 0
     return (sum((n - 1) * s for n, s in zip(d.shape, d.strides)) + 1) * d.itemsize

@@ -70,13 +70,12 @@ def test_fwd_passes_the_workspace_and_cp(stand_in):
     assert call["workspace"] is ws and call["cp"] == "auto" and bool((ws == 7).all())
 
 
-def test_fwd_refuses_what_is_not_built():
+def test_fwd_refuses_one_checkpoint_argument_without_the_other():
     x = _inputs((1, 16), state=None)
     out = torch.empty_like(x["q"])
     ck_state = torch.empty(1, 2, 2, D, D)
-    with pytest.raises(NotImplementedError, match="^checkpoint_offsets: checkpoints at given offsets are not built"):
-        fk.fwd(*_fwd_args(x), 0.1, out, x["A_log"], x["dt_bias"], -5.0, checkpoint_state=ck_state,
-               checkpoint_offsets=torch.tensor([[16, 0]]))
+    with pytest.raises(ValueError, match="^checkpoint_offsets: needs checkpoint_state"):
+        fk.fwd(*_fwd_args(x), 0.1, out, x["A_log"], x["dt_bias"], -5.0, checkpoint_offsets=torch.tensor([[16, 0]]))
     with pytest.raises(ValueError, match="^checkpoint_state: given without checkpoint_offsets"):
         fk.fwd(*_fwd_args(x), 0.1, out, x["A_log"], x["dt_bias"], -5.0, checkpoint_state=ck_state)
     with pytest.raises(TypeError, match="^out: FlashKDA's fwd writes the output into `out`"):
@@ -101,9 +100,7 @@ def test_op_schema_follows_the_vllm_fork_and_declares_the_written_arguments():
     assert names == ["q", "k", "v", "g", "beta", "scale", "out", "workspace", "A_log", "dt_bias", "lower_bound",
                      "initial_state", "final_state", "cu_seqlens", "checkpoint_state", "checkpoint_offsets", "cp"]
     written = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
-    # checkpoint_state is never written while checkpoint_offsets is refused (flashkda_compat says why
-    # it is not declared)
-    assert written == ["out", "workspace", "final_state"]
+    assert written == ["out", "workspace", "final_state", "checkpoint_state"]
     assert str(schema).endswith("-> ()")
 
 
@@ -153,24 +150,24 @@ def test_compile_fullgraph_traces_the_op():
     assert o2.shape == x["q"].shape and f2.shape == final.shape
 
 
-def test_op_refuses_checkpoint_offsets_at_trace_time():
+def test_op_refuses_checkpoint_offsets_without_state_at_trace_time():
     x = {k: (t.to("meta") if torch.is_tensor(t) else t) for k, t in _inputs((1, 16), state=None).items()}
-    with pytest.raises(NotImplementedError, match="^checkpoint_offsets"):
+    with pytest.raises(ValueError, match="^checkpoint_offsets"):
         fk.FLASHKDA_FWD(*_fwd_args(x), 0.1, torch.empty_like(x["q"]), None, x["A_log"], x["dt_bias"], -5.0,
-                        checkpoint_state=torch.empty(1, 2, D, D, device="meta"),
                         checkpoint_offsets=torch.zeros(1, dtype=torch.int64, device="meta"))
 
 
 # ---------------------------------------------------------------------------------------------
 # get_workspace_size: one buffer for the maxima serves every smaller call
 
-def _need(T, H, N, lens, varlen, cp, sm):
+def _need(T, H, N, lens, varlen, cp, sm, checkpoint_k=0):
     """The exact workspace of one fwd call: dense [N, T // N] (lens None) or packed `lens`,
     with cu_seqlens on the device only (FlashKDA's call gives no host lengths)."""
     if not varlen:
         return kda_aot.workspace_size_for(T // N, H, N=N, varlen=False, cp=cp, sm_count=sm, has_initial=True,
-                                          has_final=True)
-    return kda_aot.workspace_size_for(T, H, N=N, varlen=True, cp=cp, sm_count=sm, has_final=True)
+                                          has_final=True, checkpoint_k=checkpoint_k)
+    return kda_aot.workspace_size_for(T, H, N=N, varlen=True, cp=cp, sm_count=sm, has_final=True,
+                                      checkpoint_k=checkpoint_k)
 
 
 @pytest.mark.parametrize("cp", ["off", "auto"])
@@ -179,17 +176,20 @@ def _need(T, H, N, lens, varlen, cp, sm):
 def test_get_workspace_size_bounds_every_smaller_call(T_max, H, N_max, sm, cp):
     bound = fk.get_workspace_size(T_max, H, N_max, cp=cp, sm_count=sm)
     serial_max = _need(T_max, H, N_max, None, True, "off", sm)
-    assert bound == serial_max if cp == "off" else bound >= serial_max  # exact for the largest serial call
+    table = fk._checkpoint_table_bytes(N_max)  # checkpoints at given offsets, K = 2
+    assert serial_max <= bound <= serial_max + table if cp == "off" else bound >= serial_max
+    assert _need(T_max, H, N_max, None, True, "off", sm, checkpoint_k=2) <= bound
     rng = random.Random(T_max * H + N_max)
     worst = 0
     for _ in range(150):
         N = rng.randint(1, N_max)
         T = rng.randint(0, T_max)
+        k = rng.choice((0, 1, 2))  # checkpoints at given offsets per sequence
         if rng.random() < 0.3:  # dense [B, T'] with B * T' <= T
             T = T // N * N
-            need = _need(T, H, N, None, False, cp, sm)
+            need = _need(T, H, N, None, False, cp, sm, k)
         else:
-            need = _need(T, H, N, None, True, cp, sm)
+            need = _need(T, H, N, None, True, cp, sm, k)
         worst = max(worst, need)
         assert need <= bound, (T, N, need, bound)
     for N in (1, min(N_max, max(1, sm // H)), N_max):  # the corners: all tokens, most segments

@@ -1,5 +1,5 @@
-"""kda_aot::prefill_pool without a GPU (docs/state_pool.md): its schema declares exactly the pool as
-written, torch.library.opcheck passes with a CPU stand-in for the kernels (gather the slots, the
+"""kda_aot::prefill_pool without a GPU (docs/state_pool.md): its schema declares exactly the pool (and
+checkpoint_state) as written, torch.library.opcheck passes with a CPU stand-in for the kernels (gather the slots, the
 float64 gold prefill, scatter the final states back), and kda_aot.torch.prefill routes the pool
 arguments to it and refuses what the pool excludes. tests/test_state_pool_gpu.py runs the op on
 the device.
@@ -57,10 +57,10 @@ def _case(lens=(9, 0, 14), H=2, S=4, dtype=torch.float32):
     return x, pool, idx
 
 
-def test_schema_writes_only_the_pool():
+def test_schema_writes_the_pool_and_the_checkpoint_buffer():
     schema = kt.PREFILL_POOL._schema
     written = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
-    assert written == ["state_pool"]
+    assert written == ["state_pool", "checkpoint_state"]
     assert str(schema).endswith("-> Tensor")
 
 

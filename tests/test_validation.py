@@ -106,7 +106,8 @@ def test_valid_dense(initial, final, state_dtype):
     p = validate_prefill(**make_args(B=2, T=64, H=4, initial=initial, final=final))
     assert p == Problem(B=2, T=64, H=4, N=2, varlen=False, cu_dtype=None, state_dtype=state_dtype,
                         has_initial=initial is not None, has_final=final is not None,
-                        scale=DEFAULT_SCALE, lower_bound=-5.0, device_id=0, cp="off")
+                        scale=DEFAULT_SCALE, lower_bound=-5.0, device_id=0, cp="off",
+                        strides=(4 * 128, 128) * 4 + (4,))
 
 
 @pytest.mark.parametrize("cu_dtype", ["int32", "int64"])
@@ -362,12 +363,8 @@ def test_cu_seqlens_shape(shape, match):
 # --------------------------------------------------------------------------------------------
 # Layout
 
+# q, k, v, g and beta may be strided views (their rules: tests/test_engine_contracts_cpu.py)
 NON_CONTIGUOUS = {
-    "q": ((2, 64, 4, 128), (32768, 128, 8192, 1)),  # [B,H,T,D] storage transposed to [B,T,H,D]
-    "k": ((2, 64, 4, 128), (32768, 512, 128, 2)),
-    "v": ((2, 64, 4, 128), (65536, 1024, 256, 1)),  # a slice of a wider buffer
-    "g": ((2, 64, 4, 128), (1, 256, 64, 512)),
-    "beta": ((1, 64, 4), (256, 1, 64)),
     "out": ((2, 64, 4, 128), (32768, 512, 128, -1)),
     "A_log": ((4,), (2,)),
     "dt_bias": ((4, 128), (1, 4)),
@@ -377,7 +374,7 @@ NON_CONTIGUOUS = {
 }
 
 
-@pytest.mark.parametrize("name", ALL_TENSORS)
+@pytest.mark.parametrize("name", sorted(NON_CONTIGUOUS))
 def test_not_contiguous(name):
     shape, strides = NON_CONTIGUOUS[name]
     args = make_args(B=1 if name in ("beta", "cu_seqlens") else 2, initial="float32",

@@ -202,6 +202,32 @@ def numel(shape):
     return math.prod(shape)
 
 
+STRIDED = ("q", "k", "v", "g", "beta")
+
+
+def strided_ok(name, x):
+    """The strided inputs' rule (docs/api.md, "Strided inputs"): the B * T tokens one run of rows
+    (batch stride = T * token stride), token and head strides >= 0 and, for the [.., 128] inputs,
+    16-byte multiples with a unit last stride; beta's heads adjacent. A size-1 mode's stride is never
+    used; a view of a wrong rank is a shape fault, judged there."""
+    rank = 3 if name == "beta" else 4
+    if len(x.shape) != rank or len(x.strides) != rank:
+        return True
+    if numel(x.shape) == 0:
+        return True
+    B, T, H = x.shape[:3]
+    sb, st_, sh = x.strides[:3]
+    if rank == 4 and x.strides[3] != 1:
+        return False
+    unit = 1 if name == "beta" else 16 // SIZE.get(x.dtype, 16)  # a wrong dtype is at fault anyway
+    token = st_ if T > 1 else (sb if B > 1 else None)
+    if token is not None and (token < 0 or token % unit):
+        return False
+    if H > 1 and (sh != 1 if name == "beta" else (sh < 0 or sh % unit)):
+        return False
+    return not (B > 1 and T > 1 and sb != T * st_)
+
+
 def at_fault(a) -> set:
     bad = set()
     t = {n: a[n] for n in NAMES}
@@ -232,7 +258,7 @@ def at_fault(a) -> set:
             bad.add(n)
         elif x.numel and x.ptr % ALIGN.get((n, x.dtype), ALIGN.get(n)):
             bad.add(n)
-        if not contiguous(x.shape, x.strides):
+        if not (strided_ok(n, x) if n in STRIDED else contiguous(x.shape, x.strides)):
             bad.add(n)
     i, f = d.get("initial_state"), d.get("final_state")
     if i is not None and f is not None and i.dtype != f.dtype and {i.dtype, f.dtype} <= set(ALLOWED[
@@ -260,8 +286,9 @@ def at_fault(a) -> set:
                 if N is not None and n in d and d[n].shape != (N, H, D, D):
                     bad.add(n)
 
-    def span(x):
-        return x.ptr, x.ptr + numel(x.shape) * SIZE.get(x.dtype, 1)
+    def span(x):  # from the pointer to the end of the last element (strided views span their gaps)
+        last = sum((n - 1) * s for n, s in zip(x.shape, x.strides)) if numel(x.shape) else -1
+        return x.ptr, x.ptr + (last + 1) * SIZE.get(x.dtype, 1)
 
     def overlap(x, y):
         (a0, a1), (b0, b1) = span(x), span(y)
