@@ -44,7 +44,7 @@ import torch
 
 from . import _torch_ops
 from . import api
-from .abi_constants import CHUNK, WORKSPACE_ALIGN
+from .abi_constants import CHUNK
 from .workspace import workspace_layout, cp_layout
 
 
@@ -67,7 +67,9 @@ def get_workspace_size(T_total: int, H: int, N: int = 1, *, cp: str = "off", sm_
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{name}: expected an int >= 0, got {value!r}")
     tiles = -(-T_total // CHUNK) + N
-    serial = workspace_layout(H, tiles, N).nbytes + _checkpoint_table_bytes(N)
+    # the layouts grow with the checkpoint table (K <= 2) and the sequences' own tables that CP
+    # builds beside the segment tables for checkpoints (docs/state_pool.md): sized with both
+    serial = workspace_layout(H, tiles, N, checkpoint_entries=2 * N).nbytes
     if cp == "off":
         return serial
     if cp not in ("auto", "on"):
@@ -82,13 +84,8 @@ def get_workspace_size(T_total: int, H: int, N: int = 1, *, cp: str = "off", sm_
         return serial
     slots = max(1, sm_count // H)
     segments = min(N, slots) + slots  # a call of N' <= min(N, P) sequences splits into <= N' + P
-    return max(serial, cp_layout(H, -(-T_total // CHUNK) + segments, N, segments).nbytes + _checkpoint_table_bytes(N))
-
-
-def _checkpoint_table_bytes(N: int) -> int:
-    """Workspace of the checkpoint table of N sequences at K = 2: int32 [N * 2, 2], in its own
-    WORKSPACE_ALIGN-aligned region."""
-    return -(-16 * N // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+    return max(serial, cp_layout(H, -(-T_total // CHUNK) + segments, N, segments, sequence_tables=True,
+                                 checkpoint_entries=2 * N).nbytes)
 
 
 def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, scale: float,

@@ -176,9 +176,9 @@ def _need(T, H, N, lens, varlen, cp, sm, checkpoint_k=0):
 def test_get_workspace_size_bounds_every_smaller_call(T_max, H, N_max, sm, cp):
     bound = fk.get_workspace_size(T_max, H, N_max, cp=cp, sm_count=sm)
     serial_max = _need(T_max, H, N_max, None, True, "off", sm)
-    table = fk._checkpoint_table_bytes(N_max)  # checkpoints at given offsets, K = 2
-    assert serial_max <= bound <= serial_max + table if cp == "off" else bound >= serial_max
-    assert _need(T_max, H, N_max, None, True, "off", sm, checkpoint_k=2) <= bound
+    with_table = _need(T_max, H, N_max, None, True, "off", sm, checkpoint_k=2)  # checkpoints at offsets, K = 2
+    assert serial_max <= with_table
+    assert bound == with_table if cp == "off" else bound >= with_table
     rng = random.Random(T_max * H + N_max)
     worst = 0
     for _ in range(150):
