@@ -687,8 +687,7 @@ def packed_views(x: dict, T: int, H: int, extra: int = 64):
     proj = torch.empty(1, T, 4 * H * 128 + extra, device="cuda", dtype=torch.bfloat16)
     views = {}
     for i, name in enumerate(("q", "k", "v", "g")):
-        views[name] = proj[:, :, i * H * 128:(i + 1) * H * 128].view(1, T, H, 128) if False else \
-            proj[:, :, i * H * 128:(i + 1) * H * 128].unflatten(2, (H, 128))
+        views[name] = proj[:, :, i * H * 128:(i + 1) * H * 128].unflatten(2, (H, 128))
         views[name].copy_(x[name])
     wide = torch.empty(1, T, H + extra, device="cuda", dtype=torch.bfloat16)
     views["beta"] = wide[:, :, :H]
@@ -778,8 +777,8 @@ def entry_host_costs(n_sets: int = 64) -> list:
 
     def compat():
         x, cu, o, f, ws, s0 = nxt()
-        return flashkda_compat.fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5, o, ws, x["A_log"],
-                                   x["dt_bias"], -5.0, s0, f, cu)
+        return flashkda_compat.fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5, o, x["A_log"],
+                                   x["dt_bias"], -5.0, s0, f, cu, workspace=ws)
 
     def torch_chunk():
         x, cu, o, f, ws, s0 = nxt()
