@@ -117,8 +117,12 @@ CASES = {
     "cp-4": lambda: run([1200, 300], 2, None, cp=4),
     "cp-8": lambda: run([1200], 2, "fp32", cp=8),
     "accurate-serial-fp32": lambda: run([300, 17], 2, "fp32", numerics="accurate"),
-    # N*H >= the SM count: no value split, the VB=128 accurate kernel
+    # N*H >= the SM count: no value split, the VB=128 accurate kernel (its register-state twin; forced
+    # to k2, the mma.sync K2 whose MMA warps take turns at the copies, docs/k2_producer.md)
     "accurate-vb128": lambda: run([40, 17, 33], 48, "fp32", numerics="accurate"),
+    "mma-accurate-vb128": with_k2_kernel("k2", lambda: run([40, 17, 33], 48, "fp32", numerics="accurate")),
+    "mma-accurate-vb64": with_k2_kernel("k2", lambda: run([300, 17], 2, "bf16", numerics="accurate",
+                                                          value_split=2)),
     "accurate-cp-bf16": lambda: run([1200, 300], 2, "bf16", cp=4, numerics="accurate"),
     "pool-serial-bf16": lambda: run_pool([300, 17, 64], 2, torch.bfloat16),
     "pool-cp-fp32": lambda: run_pool([1200, 300], 2, torch.float32, cp=4),

@@ -31,7 +31,7 @@ def tile_capacity(T: int, N: int, varlen: bool) -> int:
     return ceil_div(T, CHUNK) + N if varlen else N * ceil_div(T, CHUNK)
 
 
-# The splits a serial FlashKDA-recipe call chooses from: VB=128 and 64, where the register-state K2
+# The splits a serial call chooses from (either recipe): VB=128 and 64, where the register-state K2
 # runs (k2_kernel). VB=32 has only the mma.sync K2, and on the H200 it lost to the register-state
 # kernel at VB=64 or 128 on all nine single-sequence shapes measured, H=4 to 128
 # (docs/k2_regstate.md). CP's pre_scan, which has only the mma.sync form, keeps all three (cp_splits).
@@ -46,7 +46,7 @@ def value_split(n_seq: int, n_heads: int, sm_count: int, splits: Tuple[int, ...]
     SM then only share its tensor cores). Otherwise the split minimises the waves of whole-head
     work per SM, ceil(N*H*s / SMs) / s, over `splits`, ties going to the smaller split. With the
     mma.sync K2 alone this picked the fastest split for all six serial benchmark shapes on the H200
-    (docs/value_split.md); serial FlashKDA-recipe calls now choose from REGSTATE_SPLITS.
+    (docs/value_split.md); serial calls now choose from REGSTATE_SPLITS.
     """
     work = n_seq * n_heads
     if work >= sm_count:
@@ -55,9 +55,9 @@ def value_split(n_seq: int, n_heads: int, sm_count: int, splits: Tuple[int, ...]
 
 
 def k2_splits(numerics: str) -> Tuple[int, ...]:
-    """The value splits K2 chooses from: REGSTATE_SPLITS in FlashKDA's recipe (where the register-state
-    K2 runs), all of VALUE_SPLITS with numerics="accurate" (mma.sync only)."""
-    return REGSTATE_SPLITS if numerics == "flashkda" else VALUE_SPLITS
+    """The value splits K2 chooses from: REGSTATE_SPLITS, where the register-state K2 runs. Both
+    recipes have it (numerics="accurate" its own twins, k2_regstate.py), so both choose alike."""
+    return REGSTATE_SPLITS
 
 
 def cp_splits(n_segments: int, n_seq: int, n_heads: int, sm_count: int, numerics: str = "flashkda") -> Tuple[int, int]:
@@ -65,20 +65,18 @@ def cp_splits(n_segments: int, n_seq: int, n_heads: int, sm_count: int, numerics
 
     Each kernel gets the wave rule over its own grid: pre_scan runs the non-last segments only
     (n_segments - n_seq, a bound) and has only the mma.sync form, so it chooses from all of
-    VALUE_SPLITS; K2 runs every segment and, in FlashKDA's recipe, chooses from REGSTATE_SPLITS as a
-    serial call does. Measured on the H200 (docs/cp_tuning.md, "Per-kernel value splits"), this picked
-    the fastest split of each kernel on all eight CP shapes timed. numerics="accurate" keeps one
-    split for both (no register-state K2 there)."""
+    VALUE_SPLITS; K2 runs every segment and chooses from REGSTATE_SPLITS as a serial call does. Measured
+    on the H200 (docs/cp_tuning.md, "Per-kernel value splits"), this picked the fastest split of each
+    kernel on all eight CP shapes timed. numerics="accurate" follows the same rule (its pre_scan and
+    segmented K2 have the same forms)."""
     k2 = value_split(n_segments, n_heads, sm_count, k2_splits(numerics))
-    if numerics != "flashkda":
-        return k2, k2
     return value_split(max(n_segments - n_seq, 1), n_heads, sm_count), k2
 
 
 # K2 kernels, one name per implementation of the same recurrence and rounding (bit for bit equal):
 # "k2" keeps the state in shared memory and multiplies with mma.sync (k2_recurrence.py);
 # "regstate" keeps it in registers and multiplies with warpgroup MMAs (k2_regstate.py; VB=64 and
-# 128, FlashKDA's recipe).
+# 128, both recipes).
 K2_KERNELS = ("k2", "regstate")
 # On the H200 (docs/k2_regstate.md) regstate beat k2 on every shape measured at VB=64 and, with its
 # producer warpgroup, at VB=128 (15 serial shapes from 4 to 512 (sequence, head) pairs, the CP rows).
@@ -88,7 +86,7 @@ REGSTATE_VALUE_BLOCKS = (64, 128)
 def k2_kernel(value_block: int) -> str:
     """Which K2 implementation runs at `value_block`: the register-state kernel where it exists,
     k2 elsewhere (one of K2_KERNELS; the launcher falls back to k2 where the library has no
-    register-state twin: VB=32, numerics="accurate")."""
+    register-state twin: VB=32)."""
     return "regstate" if value_block in REGSTATE_VALUE_BLOCKS else "k2"
 
 

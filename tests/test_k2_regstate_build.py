@@ -21,8 +21,27 @@ REGSTATE = [v for v in all_variants() if v.entry.startswith("k2_regstate")]
 
 
 def test_every_state_io_is_built():
-    # twins of the 7 serial, 2 segmented and 4 state-pool K2 variants at VB=64 and 128
-    assert len(REGSTATE) == 2 * (7 + 2 + 4)
+    # twins of the 7 serial, 2 segmented and 4 state-pool K2 variants at VB=64 and 128, then of the
+    # 7 serial and 2 segmented numerics="accurate" ones (the accurate recipe has no state pool)
+    flashkda = [v for v in REGSTATE if not dict(v.constants).get("accurate", False)]
+    assert len(flashkda) == 2 * (7 + 2 + 4)
+    assert len(REGSTATE) - len(flashkda) == 2 * (7 + 2)
+
+
+def test_accurate_twins_have_the_accurate_k2s_arguments():
+    """Each accurate twin takes the arguments and constants of the accurate mma.sync K2 it replaces
+    (launcher.k2_kernel_name swaps one name for the other), and only its name ends in _acc."""
+    from kda_aot.abi_constants import regstate_name
+
+    mma = {regstate_name(v.name): v for v in all_variants() if v.entry in ("k2_recurrence", "k2_segments")}
+    for v in REGSTATE:
+        accurate = dict(v.constants).get("accurate", False)
+        assert accurate is v.name.endswith("_acc"), v.name
+        if accurate:
+            twin_of = mma[v.name]
+            assert v.args == twin_of.args and v.entry == twin_of.entry.replace("k2_recurrence", "k2_regstate") \
+                .replace("k2_segments", "k2_regstate_segments"), v.name
+            assert dict(v.constants) == {k: c for k, c in twin_of.constants if k != "ablation"}, v.name
 
 
 @pytest.mark.parametrize("variant", REGSTATE, ids=lambda v: v.name)

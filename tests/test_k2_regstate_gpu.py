@@ -1,7 +1,8 @@
 """The register-state K2 (KDA_K2_KERNEL=regstate) gives the mma.sync K2's
 (KDA_K2_KERNEL=k2) outputs, final states, pool slots and checkpoints bit for bit
 (docs/k2_regstate.md): serial, CP (its segmented K2 and the no-final-state K2 of a CP call) and the
-state pool with checkpoints.
+state pool with checkpoints, in FlashKDA's recipe; serial and CP with numerics="accurate" too (its
+twins against the accurate mma.sync K2, fp32 master state and all; it has no state pool).
 
 Each case runs the register-state kernel at value_split=2 (VB=64, producer warp) and 1 (VB=128,
 producer warpgroup), against K2 at the same split; the launch program is checked to hold its
@@ -23,6 +24,7 @@ SERIAL = {
     "long memory (weak decay)": ([2048], 4),
 }
 CP = {"two segments counts": ([8192, 2048], 4, 4), "always": ([4096, 1000, 0, 2500], 4, "on")}
+NUMERICS = ["flashkda", "accurate"]
 
 
 def _prefill(monkeypatch, flag, x, **kw):
@@ -47,12 +49,14 @@ def _prefill(monkeypatch, flag, x, **kw):
     return flat, k2
 
 
-def _check_ran(k2, flag):
+def _check_ran(k2, flag, numerics="flashkda"):
     assert k2, "no K2 ran"
     if flag == "k2":
         assert not any(n.startswith("k2_regstate") for n in k2), k2
     else:
         assert all(n.startswith("k2_regstate_") for n in k2), k2
+    # numerics="accurate" runs its own K2s (either form), FlashKDA's recipe none of them
+    assert all(n.endswith("_acc") is (numerics == "accurate") for n in k2), k2
 
 
 def _same(a, b):
@@ -72,8 +76,9 @@ def _compare_with_k2(monkeypatch, flag, x, call):
     """The same call under KDA_K2_KERNEL=k2 and =flag: each ran its kernels, with equal bytes."""
     ref, k2_ref = _prefill(monkeypatch, "k2", x, **call)
     got, k2_got = _prefill(monkeypatch, flag, x, **call)
-    _check_ran(k2_ref, "k2")
-    _check_ran(k2_got, flag)
+    numerics = call.get("numerics", "flashkda")
+    _check_ran(k2_ref, "k2", numerics)
+    _check_ran(k2_got, flag, numerics)
     _compare(ref, got)
 
 
@@ -82,10 +87,11 @@ def _skip_without_gpu():
         pytest.skip("no GPU")
 
 
+@pytest.mark.parametrize("numerics", NUMERICS)
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: f"{m[0]}-split{m[1]}")
 @pytest.mark.parametrize("name", SERIAL)
 @pytest.mark.parametrize("state", [None, "bf16", "fp32"])
-def test_serial_is_bitwise_equal_to_k2(monkeypatch, name, state, mode):
+def test_serial_is_bitwise_equal_to_k2(monkeypatch, name, state, mode, numerics):
     from kda_aot import reference
 
     _skip_without_gpu()
@@ -93,15 +99,17 @@ def test_serial_is_bitwise_equal_to_k2(monkeypatch, name, state, mode):
     kw = dict(g_mean=-8.0) if name.startswith("long memory") else {}
     x = reference.make_inputs(lens, H, seed=11, device="cuda", state=state, **kw)
     flag, split = mode
-    call = dict(initial_state=x["initial_state"], output_final_state=state is not None, cp="off", value_split=split)
+    call = dict(initial_state=x["initial_state"], output_final_state=state is not None, cp="off", value_split=split,
+                numerics=numerics)
     _compare_with_k2(monkeypatch, flag, x, call)
 
 
+@pytest.mark.parametrize("numerics", NUMERICS)
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: f"{m[0]}-split{m[1]}")
 @pytest.mark.parametrize("name", CP)
 @pytest.mark.parametrize("state", [None, "bf16", "fp32"])
 @pytest.mark.parametrize("final", [False, True], ids=["no-final", "final"])
-def test_cp_is_bitwise_equal_to_k2(monkeypatch, name, state, final, mode):
+def test_cp_is_bitwise_equal_to_k2(monkeypatch, name, state, final, mode, numerics):
     from kda_aot import reference
 
     _skip_without_gpu()
@@ -109,7 +117,7 @@ def test_cp_is_bitwise_equal_to_k2(monkeypatch, name, state, final, mode):
     x = reference.make_inputs(lens, H, seed=12, device="cuda", state=state or ("fp32" if final else None))
     flag, split = mode
     call = dict(initial_state=x["initial_state"] if state else None, output_final_state=final, cp=cp,
-                value_split=split)
+                value_split=split, numerics=numerics)
     _compare_with_k2(monkeypatch, flag, x, call)
 
 

@@ -2,7 +2,6 @@
 the manifest's variants, and the CPU emulation of both recipes against the float64 gold."""
 
 import os
-import re
 import sys
 
 import pytest
@@ -48,11 +47,10 @@ def test_serial_picks_the_accurate_k2(rec, state):
     k1 = [launch.name for launch in rec.last if launch.name.startswith("k1_")]
     call(x, numerics="accurate")
     accurate = rec.last[-1].name
-    # few pairs: the default is the register-state K2 at VB=64, the accurate one the mma.sync K2,
-    # which may split in four (planner.REGSTATE_SPLITS); both read and write the same state
+    # few pairs: both recipes run the register-state K2 at VB=64 (planner.REGSTATE_SPLITS), the
+    # accurate one its own twin; both read and write the same state
     assert default.startswith("k2_regstate_") and default.endswith("_vb64"), default
-    state_io = re.sub(r"^k2_regstate_", "k2_", default).rsplit("_vb", 1)[0]
-    assert accurate == f"{state_io}_vb32_acc", (default, accurate)
+    assert accurate == f"{default}_acc", (default, accurate)
     assert k1 == ["k1_prepare"] and [n.name for n in rec.last if n.name.startswith("k1_")] == ["k1_prepare_acc"]
     call(x, numerics="flashkda")
     assert rec.last[-1].name == default
@@ -74,9 +72,8 @@ def test_cp_picks_the_accurate_pre_scan_and_segmented_k2_and_shares_the_merge(re
     # the tables and the merge are shared; K1 has its accurate twin K1' (same workspace)
     assert accurate[0] == default[0] and accurate[3] == default[3] and accurate[3].startswith("cp_merge_")
     assert (default[1], accurate[1]) == ("k1_prepare", "k1_prepare_acc")
-    # the accurate K2 is the mma.sync one (no register-state twin), the default may be the twin
-    mma_k2 = re.sub(r"^k2_regstate_(f_)?", "k2_", default[4])
-    assert (accurate[2], accurate[4]) == (default[2] + "_acc", mma_k2 + "_acc"), (default, accurate)
+    # pre_scan and the segmented K2 are the default's, each with its accurate twin (the same splits)
+    assert (accurate[2], accurate[4]) == (default[2] + "_acc", default[4] + "_acc"), (default, accurate)
     assert workspace_bytes(x, kw) == workspace_bytes(x, dict(kw, numerics="accurate"))
 
 
@@ -88,10 +85,19 @@ def test_every_state_kernel_has_an_accurate_twin_and_nothing_else_does():
     from kda_aot.loader import get_library
 
     kernels = get_library().kernels
-    twins = 0
+    twins = acc_twins = 0
     for name, k in kernels.items():
-        if k.entry == "k2_regstate":  # the register-state K2: FlashKDA's recipe only (registry._k2_regstate)
-            assert name.startswith("k2_regstate_") and "accurate" not in k.constants, name
+        if k.entry.startswith("k2_regstate"):  # the register-state K2 (registry._k2_regstate)
+            assert name.startswith("k2_regstate_"), name
+            if name.endswith("_acc"):  # numerics="accurate": the twin of an accurate mma.sync K2
+                assert k.constants["accurate"] is True, name
+                plain = kernels[name[:-len("_acc")]]
+                mma = kernels[name.replace("k2_regstate_", "k2_", 1)]
+                assert k.args == plain.args == mma.args and k.entry == plain.entry, name
+                assert dict(k.constants, accurate=False) == dict(plain.constants), name
+                acc_twins += 1
+            else:  # FlashKDA's recipe (accurate=False; the state-pool twins have no such constant)
+                assert k.constants.get("accurate", False) is False, name
             continue
         if k.constants.get("ablation", 0):  # measurement-only partial recipes (registry._k2_ablation)
             assert name.startswith("k2_inout_bf16_vb64_acc_l") and k.constants["ablation"] in (1, 2, 3), name
@@ -113,6 +119,7 @@ def test_every_state_kernel_has_an_accurate_twin_and_nothing_else_does():
         else:
             assert "accurate" not in k.constants and "ablation" not in k.constants and not name.endswith("_acc"), name
     assert twins == 21 + 6 + 3 + 1 + 24  # K2, segmented K2, pre_scan, K1, general K1
+    assert acc_twins == 14 + 4  # register-state K2 at VB=64 and 128: serial, segmented
 
 
 def _reference():

@@ -23,12 +23,12 @@ def test_value_split_fills_the_machine(N, H, sms, want):
 
 
 @pytest.mark.parametrize("N,H,want", [(1, 4, 2), (1, 32, 2), (1, 64, 2), (1, 96, 1), (1, 128, 1), (6, 64, 1)])
-def test_serial_flashkda_calls_split_at_most_in_two(N, H, want):
-    """Serial FlashKDA-recipe calls choose VB=128 or 64, where the register-state K2 runs; the
-    accurate recipe (mma.sync K2 only) still splits in four (docs/k2_regstate.md)."""
+def test_serial_calls_split_at_most_in_two(N, H, want):
+    """Serial calls of either recipe choose VB=128 or 64, where the register-state K2 runs (the
+    accurate recipe has its own twins, docs/k2_regstate.md)."""
     kw = dict(T=8192, N=N, H=H, varlen=N > 1, has_initial=False, has_final=False, state_dtype=None, sm_count=132)
     assert planner.plan_serial(**kw).value_split == want
-    assert planner.plan_serial(**kw, numerics="accurate").value_split == planner.value_split(N, H, 132)
+    assert planner.plan_serial(**kw, numerics="accurate").value_split == want
 
 
 def test_plan_serial_picks_state_variant():
@@ -55,13 +55,15 @@ def test_k2_kernel_picks_the_register_state_twin_where_it_exists():
 
 def test_k2_kernel_name_takes_a_twin_only_where_it_exists(monkeypatch):
     """launcher.k2_kernel_name: the planner's pick, or the one KDA_K2_KERNEL forces, when the library
-    has that twin; K2 itself otherwise (k2, no twin: accurate, VB=32); an unknown KDA_K2_KERNEL is an
-    error naming it."""
+    has that twin; K2 itself otherwise (k2, no twin: VB=32, or not in this library); an unknown
+    KDA_K2_KERNEL is an error naming it."""
     from types import SimpleNamespace
 
     from kda_aot import launcher
 
-    lib = SimpleNamespace(kernels={n: None for n in ("k2_regstate_in_f32_vb64", "k2_regstate_segments_bf16_vb128")})
+    lib = SimpleNamespace(kernels={n: None for n in ("k2_regstate_in_f32_vb64", "k2_regstate_segments_bf16_vb128",
+                                                     "k2_regstate_in_bf16_vb64_acc",
+                                                     "k2_regstate_segments_f32_vb128_acc")})
 
     def pick(flag, name, vb):
         if flag is None:
@@ -77,7 +79,12 @@ def test_k2_kernel_name_takes_a_twin_only_where_it_exists(monkeypatch):
     assert pick("regstate", "k2_in_bf16_vb128", 128) == "k2_in_bf16_vb128"  # not in this library
     assert pick(None, "k2_in_f32_vb32", 32) == "k2_in_f32_vb32"
     assert pick("regstate", "k2_in_f32_vb32", 32) == "k2_in_f32_vb32"
-    assert pick("regstate", "k2_in_f32_vb64_acc", 64) == "k2_in_f32_vb64_acc"
+    assert pick("regstate", "k2_in_f32_vb64_acc", 64) == "k2_in_f32_vb64_acc"  # not in this library
+    # numerics="accurate": its own twins, by the same name rule
+    assert pick(None, "k2_in_bf16_vb64_acc", 64) == "k2_regstate_in_bf16_vb64_acc"
+    assert pick(None, "k2_segments_f32_vb128_acc", 128) == "k2_regstate_segments_f32_vb128_acc"
+    assert pick("k2", "k2_in_bf16_vb64_acc", 64) == "k2_in_bf16_vb64_acc"
+    assert pick(None, "k2_in_bf16_vb32_acc", 32) == "k2_in_bf16_vb32_acc"
     with pytest.raises(ValueError, match="KDA_K2_KERNEL"):
         pick("folded", "k2_in_f32_vb64", 64)
 
@@ -95,9 +102,8 @@ def test_k2_kernel_name_takes_a_twin_only_where_it_exists(monkeypatch):
 ])
 def test_cp_splits_choose_each_kernels_split_from_its_own_grid(S, N, H, want):
     assert planner.cp_splits(S, N, H, 132) == want
-    # numerics="accurate": one split for both, from all three (its K2 has no register-state form)
-    acc = planner.cp_splits(S, N, H, 132, "accurate")
-    assert acc == (planner.value_split(S, H, 132),) * 2
+    # numerics="accurate": the same rule (its segmented K2 has a register-state twin too)
+    assert planner.cp_splits(S, N, H, 132, "accurate") == want
 
 
 def test_cp_splits_with_no_non_last_segment_still_names_a_split():

@@ -27,9 +27,12 @@ Grid (n_seq * n_heads, 1, 128 // VB); CTA: VB // 64 warpgroups of MMA warps, the
 that keeps 24 registers per thread and hands the rest to the MMA warpgroups (setmaxnreg), whose one
 warp issues the copies (producer_warps says why; docs/k2_regstate.md has what each form measured).
 Warpgroup wg owns the value columns vblk * VB + 64 wg .. + 63; lane (g, q) of its warp wl holds
-value rows 16 wl + g and + 8 of every m64 fragment. FlashKDA's recipe only; every mode of K2's kernel: serial with every
+value rows 16 wl + g and + 8 of every m64 fragment. Every mode of K2's kernel: serial with every
 state I/O (k2_regstate), CP segments (k2_regstate_segments) and state pool with checkpoints
-(k2_regstate_ext), each with the arguments of K2's host entry of the same mode.
+(k2_regstate_ext), each with the arguments of K2's host entry of the same mode. With accurate=True
+(numerics="accurate", serial and segments: the recipe has no state pool) the MMA warpgroups run
+regstate_step.mma_warpgroups_accurate, the accurate mma.sync K2's arithmetic on the same products:
+the fp32 master state in registers at Q5's accumulator positions, Q1 reading its bf16 pairs.
 
 Order within a step (what ptxas made of the others, seen in the SASS of the probe): o1's chain is
 waited for only with Q5's, so that its eight k-steps, queued on the tensor cores between u's and
@@ -43,7 +46,7 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64
 
 from .recurrence_common import alloc_ring, init_ring, k2_cta_sequence, k2_stage_bytes, k2_tile_source, produce_tiles
-from .regstate_step import WG_COLS, mma_warpgroups
+from .regstate_step import WG_COLS, mma_warpgroups, mma_warpgroups_accurate
 from .state_io import k2_state_slots
 from .tile_ops import D
 
@@ -75,13 +78,13 @@ def _k2_regstate_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int
                         init_ptr: Int64, final_ptr: Int64, mSlot: cute.Tensor, n_heads: Int32, cap: Int32,
                         idx_ptr: Int64, slot_stride: Int64, n_pool: Int32, ck_ptr: Int64, ck_every: Int32,
                         mSeqStart: cute.Tensor, n_real: Int32, order_ptr: Int64, ck_tab: Int64, ck_k: Int32,
-                        ck_stride: Int64, v_st: Int64, v_sh: Int64, has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
-                        state_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int],
+                        ck_stride: Int64, v_st: Int64, v_sh: Int64, has_initial: cutlass.Constexpr[bool],
+                        has_final: cutlass.Constexpr[bool], state_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int],
                         final_fp32: cutlass.Constexpr[bool], final_slots: cutlass.Constexpr[bool],
-                        ext: cutlass.Constexpr[bool]):
+                        ext: cutlass.Constexpr[bool], accurate: cutlass.Constexpr[bool] = False):
     """K2's kernel parameters and modes (k2_recurrence._k2_kernel): serial, segmented (final_slots:
     entry from the fp32 carries, the exit at final_slot[segment]) and state I/O by slot with
-    checkpoints (ext); FlashKDA's recipe only."""
+    checkpoints (ext); accurate: numerics="accurate" (serial and segmented only)."""
     VB = value_block
     MMA_WARPS = 4 * (VB // WG_COLS)
     SB = k2_stage_bytes(VB)
@@ -116,9 +119,21 @@ def _k2_regstate_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int
             # ---------------------------------------------------------------- MMA warpgroups
             if cutlass.const_expr(producer_warps(VB) == 4):
                 cute.arch.setmaxregister_increase(MMA_REGS)
-            mma_warpgroups(warp, lane, vblk, n, h64, H64, tok0, tok_end, ntiles, full, empty, buf_addr, out_ptr,
-                           init_ptr, final_ptr, slot, in_slot, slot_stride, ck_ptr, ck_every, mSeqStart, n_real,
-                           ck_tab, ck_k, ck_stride, has_initial, has_final, state_fp32, VB, final_fp32, final_slots, ext)
+            if cutlass.const_expr(accurate):
+                mma_warpgroups_accurate(warp, lane, vblk, n, h64, H64, tok0, tok_end, ntiles, full, empty, buf_addr,
+                                        out_ptr, init_ptr, final_ptr, slot, has_initial, has_final, state_fp32, VB,
+                                        final_fp32)
+            else:
+                mma_warpgroups(warp, lane, vblk, n, h64, H64, tok0, tok_end, ntiles, full, empty, buf_addr, out_ptr,
+                               init_ptr, final_ptr, slot, in_slot, slot_stride, ck_ptr, ck_every, mSeqStart, n_real,
+                               ck_tab, ck_k, ck_stride, has_initial, has_final, state_fp32, VB, final_fp32, final_slots,
+                               ext)
+
+
+def _recipe(accurate: bool) -> tuple:
+    """The kernel's trailing `accurate` argument, passed only when True: the kernel's symbol spells
+    every constant it is passed, and FlashKDA's kernels keep the symbol (so the PTX) of the default."""
+    return (True,) if accurate else ()
 
 
 def _launch(kernel, n_seq: Int32, n_heads: Int32, value_block: int, stream):
@@ -134,9 +149,11 @@ def k2_regstate(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: 
                 initial_state: cute.Pointer, final_state: cute.Pointer, t_total: Int32, n_seq: Int32,
                 n_heads: Int32, cap: Int32, v_stride_t: Int64, v_stride_h: Int64, stream: cuda.CUstream,
                 has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
-                state_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int]):
+                state_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int],
+                accurate: cutlass.Constexpr[bool] = False):
     """Serial host entry with K2's arguments (k2_recurrence.k2_recurrence). value_block 64 with the
-    producer warp, or 128 with the producer warpgroup (producer_warps says why)."""
+    producer warp, or 128 with the producer warpgroup (producer_warps says why); accurate:
+    numerics="accurate" (docs/numerics.md), bit for bit the mma.sync K2's accurate step."""
     assert value_block in (64, 128)
     table = cute.make_layout(n_seq + 1)
     _launch(_k2_regstate_kernel(
@@ -144,7 +161,8 @@ def k2_regstate(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: 
         ws_mqk.toint(), ws_bsig.toint(), cute.make_tensor(seq_start, table), cute.make_tensor(tile_prefix, table),
         initial_state.toint(), final_state.toint(), cute.make_tensor(seq_start, table), n_heads, cap,
         Int64(0), Int64(0), Int32(0), Int64(0), Int32(0), cute.make_tensor(seq_start, table), n_seq, seq_order.toint(),
-        Int64(0), Int32(0), Int64(0), v_stride_t, v_stride_h, has_initial, has_final, state_fp32, value_block, state_fp32, False, False),
+        Int64(0), Int32(0), Int64(0), v_stride_t, v_stride_h, has_initial, has_final, state_fp32, value_block,
+        state_fp32, False, False, *_recipe(accurate)),
         n_seq, n_heads, value_block, stream)
 
 
@@ -155,8 +173,10 @@ def k2_regstate_segments(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer
                          carries: cute.Pointer, final_state: cute.Pointer, final_slot: cute.Pointer, t_total: Int32,
                          n_seg: Int32, n_heads: Int32, cap: Int32, v_stride_t: Int64, v_stride_h: Int64,
                          stream: cuda.CUstream,
-                         final_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int]):
-    """Segmented host entry with k2_recurrence.k2_segments' arguments (a CP call's K2)."""
+                         final_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int],
+                         accurate: cutlass.Constexpr[bool] = False):
+    """Segmented host entry with k2_recurrence.k2_segments' arguments (a CP call's K2); accurate as
+    in k2_regstate."""
     assert value_block in (64, 128)
     table = cute.make_layout(n_seg + 1)
     _launch(_k2_regstate_kernel(
@@ -164,7 +184,8 @@ def k2_regstate_segments(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer
         ws_mqk.toint(), ws_bsig.toint(), cute.make_tensor(seg_start, table), cute.make_tensor(seg_prefix, table),
         carries.toint(), final_state.toint(), cute.make_tensor(final_slot, cute.make_layout(n_seg)), n_heads, cap,
         Int64(0), Int64(0), Int32(0), Int64(0), Int32(0), cute.make_tensor(seg_start, table), n_seg, Int64(0),
-        Int64(0), Int32(0), Int64(0), v_stride_t, v_stride_h, True, True, True, value_block, final_fp32, True, False),
+        Int64(0), Int32(0), Int64(0), v_stride_t, v_stride_h, True, True, True, value_block, final_fp32, True, False,
+        *_recipe(accurate)),
         n_seg, n_heads, value_block, stream)
 
 

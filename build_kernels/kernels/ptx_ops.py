@@ -398,6 +398,14 @@ def ldg_v4_f32(gaddr: Int64, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def ldg_v2_f32(gaddr: Int64, *, loc=None, ip=None):
+    """Two adjacent fp32 (8 bytes at gaddr), as they are."""
+    r = _asm([T.f32()] * 2, [_ir(gaddr, Int64, loc, ip)], "ld.global.v2.f32 {$0, $1}, [$2];", "=f,=f,l", True,
+             loc, ip)
+    return tuple(Float32(x) for x in r)
+
+
+@dsl_user_op
 def ldg_bf16x4_f32(gaddr: Int64, *, loc=None, ip=None):
     """Four consecutive bf16 (8 bytes), widened exactly to fp32."""
     r = _asm([T.f32()] * 4, [_ir(gaddr, Int64, loc, ip)],

@@ -4,17 +4,19 @@ K2's stage ring (recurrence_common). A module of its own so that every kernel th
 register-state step traces the same operations: k2_regstate.py, whose producer copies K1's tiles
 into the ring, and any kernel that fills the ring another way.
 
-What each step computes, and why in this order, is k2_regstate.py's docstring.
+What each step computes, and why in this order, is k2_regstate.py's docstring. The accurate recipe's
+step (numerics="accurate", mma_warpgroups_accurate) follows it, with the fp32 master state of the
+mma.sync K2's accurate step in registers beside Q1's bf16 A fragments.
 """
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
-from .ptx_ops import (add_rn, fma_rn, ldg_b32_if, ldg_f32_pair_bf16_if, lds_bf16_f32, lds_bf16_f32_if, lds_v2_f32,
-                      ldsm_x4, mma_bf16_16816, movmatrix_t, mul_rn, pack_bf16x2, round_bf16x2, smem_desc, stg_b32,
-                      stg_b32_if, stg_v2_f32, sub_rn, unpack_bf16x2, wgmma_commit, wgmma_fence, wgmma_m64n16k16_rs,
-                      wgmma_m64n128k16_rs_mn, wgmma_wait)
+from .ptx_ops import (add_rn, fma_rn, ldg_b32, ldg_b32_if, ldg_f32_pair_bf16_if, ldg_v2_f32, lds_bf16_f32,
+                      lds_bf16_f32_if, lds_v2_f32, ldsm_x4, mma_bf16_16816, movmatrix_t, mul_rn, pack_bf16x2,
+                      round_bf16x2, smem_desc, stg_b32, stg_b32_if, stg_v2_f32, sub_rn, unpack_bf16x2, wgmma_commit,
+                      wgmma_fence, wgmma_m64n16k16_rs, wgmma_m64n128k16_rs_mn, wgmma_wait)
 from .recurrence_common import (HEAD_ROW_BYTES, K2_OFF_BSIG, K2_OFF_GT, K2_OFF_INV, K2_OFF_KD, K2_OFF_KR,
                                 K2_OFF_MQK, K2_OFF_QD, K2_OFF_V, STAGES, k2_stage_bytes, v_stride)
 from .state_io import checkpoint_target, checkpoint_targets, sequence_start_of
@@ -57,6 +59,26 @@ def _store_state(ptr, base, words, col_wg, r0, q, fp32: bool):
                 stg_v2_f32(ptr + e0 * 4, lo, hi)
             else:
                 stg_b32(ptr + e0 * 2, words[4 * kb + e])
+
+
+def _stage_operands(sb, off_sq, q, wg, r0, m, VSTR: int):
+    """A tile's stage-only operands, read while Q1 runs: the INV and Mqk B fragments, bsig, v^T and
+    gamma. u^T's element c = 4 j + hh is (value row r0 + 8 (hh >> 1), token 8 j + 2q + (hh & 1));
+    bs[2 j + x] is bsig of token 8 j + 2q + x; gam[4 kb + 2 half + x] is gamma of key 16 kb + 8 half
+    + 2q + x. v rows >= m read as 0 (the stage holds only the m copied rows)."""
+    f_inv = ldsm_x4(sb + K2_OFF_INV + off_sq)
+    f_mqk = ldsm_x4(sb + K2_OFF_MQK + off_sq)
+    bs = [lds_bf16_f32(sb + K2_OFF_BSIG + 2 * (8 * (x >> 1) + 2 * q + (x & 1))) for x in range(4)]
+    vv = []
+    for c in range(8):
+        t = 8 * (c // 4) + 2 * q + (c & 1)
+        vcol = WG_COLS * wg + r0 + 8 * ((c % 4) >> 1)
+        vv.append(lds_bf16_f32_if(sb + K2_OFF_V + t * VSTR + vcol * 2, Int32(t < m)))
+    gam = []
+    for kb in range(D // 16):
+        for half in range(2):
+            gam += list(lds_v2_f32(sb + K2_OFF_GT + 4 * (16 * kb + 8 * half + 2 * q)))
+    return f_inv, f_mqk, bs, vv, gam
 
 
 @cute.jit
@@ -123,22 +145,8 @@ def mma_warpgroups(warp: Int32, lane: Int32, vblk: Int32, n: Int32, h64: Int64, 
             acc_o = wgmma_m64n16k16_rs(acc_o, a_s[4 * kb:4 * kb + 4], desc_qd + Int64(32 * kb), kb > 0)
         wgmma_commit()
 
-        # stage-only operands, read while Q1 runs. u^T's element c = 4 j + hh is (value row
-        # r0 + 8 (hh >> 1), token 8 j + 2q + (hh & 1)); bs[2 j + x] is bsig of token 8 j + 2q + x;
-        # gam[4 kb + 2 half + x] is gamma of key 16 kb + 8 half + 2q + x. v rows >= m read as 0
-        # (the stage holds only the m copied rows).
-        f_inv = ldsm_x4(sb + K2_OFF_INV + off_sq)
-        f_mqk = ldsm_x4(sb + K2_OFF_MQK + off_sq)
-        bs = [lds_bf16_f32(sb + K2_OFF_BSIG + 2 * (8 * (x >> 1) + 2 * q + (x & 1))) for x in range(4)]
-        vv = []
-        for c in cutlass.range_constexpr(8):
-            t = 8 * (c // 4) + 2 * q + (c & 1)
-            vcol = WG_COLS * wg + r0 + 8 * ((c % 4) >> 1)
-            vv.append(lds_bf16_f32_if(sb + K2_OFF_V + t * VSTR + vcol * 2, Int32(t < m)))
-        gam = []
-        for kb in cutlass.range_constexpr(D // 16):
-            for half in cutlass.range_constexpr(2):
-                gam += list(lds_v2_f32(sb + K2_OFF_GT + 4 * (16 * kb + 8 * half + 2 * q)))
+        # stage-only operands, read while Q1 runs (_stage_operands: which element is which)
+        f_inv, f_mqk, bs, vv, gam = _stage_operands(sb, off_sq, q, wg, r0, m, VSTR)
 
         acc_u = wgmma_wait(1, [], acc_u)[1]  # u^T's group done (o1's may still run)
 
@@ -208,3 +216,158 @@ def mma_warpgroups(warp: Int32, lane: Int32, vblk: Int32, n: Int32, h64: Int64, 
             else:
                 _store_state(final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), a_s, col_wg, r0, q,
                              final_fp32)
+
+
+# ------------------------------------------------------------------------------------------------
+# numerics="accurate" (docs/numerics.md): the mma.sync K2's accurate step (k2_recurrence.py with
+# accurate=True), transposed as above. The state's fp32 master lives in the lanes that update it,
+# at its accumulator positions (st[8 kb + 2 e + x] is half x of a_s[4 kb + e]); a_s, Q1's A operand,
+# is bf(master), as the mma.sync K2's shared copy is.
+
+
+def _load_master(init_ptr, base, col_wg, r0, q, fp32: bool):
+    """numerics="accurate" entry: (master, a_s). An fp32 state (or carry) read as it is, a_s its RNE
+    bf16 pairs; a bf16 state's words as they are, the master their exact widening."""
+    st = []
+    words = []
+    for kb in range(D // 16):
+        for e in range(4):
+            e0 = base + _state_word_offset(col_wg, r0, q, kb, e)
+            if fp32:
+                lo, hi = ldg_v2_f32(init_ptr + e0 * 4)
+                words.append(pack_bf16x2(lo, hi))
+            else:
+                words.append(ldg_b32(init_ptr + e0 * 2))
+                lo, hi = unpack_bf16x2(words[-1])
+            st += [lo, hi]
+    return st, words
+
+
+def _store_master(ptr, base, st, col_wg, r0, q):
+    """numerics="accurate" exit of an fp32 final state: the master values as they are."""
+    for kb in range(D // 16):
+        for e in range(4):
+            e0 = base + _state_word_offset(col_wg, r0, q, kb, e)
+            stg_v2_f32(ptr + e0 * 4, st[8 * kb + 2 * e], st[8 * kb + 2 * e + 1])
+
+
+@cute.jit
+def mma_warpgroups_accurate(warp: Int32, lane: Int32, vblk: Int32, n: Int32, h64: Int64, H64: Int64, tok0: Int32,
+                            tok_end: Int32, ntiles: Int32, full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32,
+                            out_ptr: Int64, init_ptr: Int64, final_ptr: Int64, slot: Int32,
+                            has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
+                            state_fp32: cutlass.Constexpr[bool], VB: cutlass.Constexpr[int],
+                            final_fp32: cutlass.Constexpr[bool]):
+    """mma_warpgroups in numerics="accurate": the serial and segmented modes (no state pool), the
+    arithmetic of the mma.sync K2's accurate step element for element:
+      Q1  u^T, o1^T as in FlashKDA's recipe, from a_s = bf(master)
+      Q2  r^T = (v^T - u^T) * bsig in fp32 (u not rounded), split hi = bf(r), lo = bf(r - hi)
+      Q3  U^T = bf(acc32(hi INV^T, then lo INV^T into the same accumulator))
+      Q5  master = fma(master, gamma, acc32(U^T Kr)), a_s = bf(master)
+      Q4  out^T = bf(o1^T + acc32(U^T Mqk^T)), one rounding
+    Exit: the master as it is (fp32) or a_s (bf16)."""
+    VSTR = v_stride(VB)
+    SB = k2_stage_bytes(VB)
+    wg = warp // 4
+    wl = warp % 4
+    g = lane >> 2
+    q = lane & 3
+    r0 = 16 * wl + g
+    col_wg = vblk * VB + WG_COLS * wg
+    state_base = (Int64(n) * H64 + h64) * Int64(D * D)
+    off_sq = 32 * (8 * ((lane >> 3) & 1) + (lane & 7)) + 16 * (lane >> 4)
+    zero = Float32(0.0)
+
+    # -------- Q6 entry: the fp32 master st and Q1's A fragments a_s = bf(st); 0 without a state
+    if cutlass.const_expr(has_initial):
+        st, a_s = _load_master(init_ptr, state_base, col_wg, r0, q, state_fp32)
+    else:
+        st = [zero] * 64
+        a_s = [Int32(0)] * 32
+
+    for i in cutlass.range(ntiles, unroll=1):
+        s = i % STAGES
+        cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
+        sb = buf_addr + s * SB
+        start = tok0 + i * CHUNK
+        m = cutlass.min(tok_end - start, CHUNK)
+
+        # -------- Q1: u^T's chain, then o1^T's, each its own commit group
+        a_s, acc = wgmma_fence(a_s, [zero] * 16)
+        acc_u = acc[:8]
+        acc_o = acc[8:]
+        desc_kd = smem_desc(sb + K2_OFF_KD, 256, 128)
+        desc_qd = smem_desc(sb + K2_OFF_QD, 256, 128)
+        for kb in cutlass.range_constexpr(D // 16):
+            acc_u = wgmma_m64n16k16_rs(acc_u, a_s[4 * kb:4 * kb + 4], desc_kd + Int64(32 * kb), kb > 0)
+        wgmma_commit()
+        for kb in cutlass.range_constexpr(D // 16):
+            acc_o = wgmma_m64n16k16_rs(acc_o, a_s[4 * kb:4 * kb + 4], desc_qd + Int64(32 * kb), kb > 0)
+        wgmma_commit()
+
+        f_inv, f_mqk, bs, vv, gam = _stage_operands(sb, off_sq, q, wg, r0, m, VSTR)
+
+        acc_u = wgmma_wait(1, [], acc_u)[1]
+
+        # -------- Q2 in fp32 on u^T's accumulator, r^T as hi + lo A fragments (word 2 j + hp:
+        # value row r0 + 8 hp, tokens 8 j + 2q, + 1)
+        a_hi = []
+        a_lo = []
+        for j in cutlass.range_constexpr(2):
+            for hp in cutlass.range_constexpr(2):
+                c = 4 * j + 2 * hp
+                r_a = mul_rn(sub_rn(vv[c], acc_u[c]), bs[2 * j])
+                r_b = mul_rn(sub_rn(vv[c + 1], acc_u[c + 1]), bs[2 * j + 1])
+                h_a, h_b = round_bf16x2(r_a, r_b)
+                a_hi.append(pack_bf16x2(h_a, h_b))
+                a_lo.append(pack_bf16x2(sub_rn(r_a, h_a), sub_rn(r_b, h_b)))
+
+        # -------- Q3: U^T = bf(acc32(r_hi^T INV^T + r_lo^T INV^T)), token blocks 0 and 1
+        uu = []
+        for tb in cutlass.range_constexpr(2):
+            d3 = mma_bf16_16816(a_hi, (f_inv[tb], f_inv[tb + 2]), (zero, zero, zero, zero))
+            uu += list(mma_bf16_16816(a_lo, (f_inv[tb], f_inv[tb + 2]), d3))
+        a_u = [pack_bf16x2(uu[4 * j + 2 * hp], uu[4 * j + 2 * hp + 1]) for j in range(2) for hp in range(2)]
+
+        # -------- Q5: master = fma(master, gamma, acc32(U^T Kr)), one m64n128k16
+        a_u, d5 = wgmma_fence(a_u, [zero] * 64)
+        d5 = wgmma_m64n128k16_rs_mn(d5, a_u, smem_desc(sb + K2_OFF_KR, 128, 256))
+        wgmma_commit()
+        words, floats = wgmma_wait(0, a_u + a_s, d5 + acc_o)
+        a_u = words[:4]
+        d5 = floats[:64]
+        acc_o = floats[64:]
+        # accumulator element 8 kb + 2 e + x sits where st[8 kb + 2 e + x] does
+        new_st = []
+        a_s = []
+        for kb in cutlass.range_constexpr(D // 16):
+            for e in cutlass.range_constexpr(4):
+                gi = 4 * kb + 2 * (e >> 1)
+                x0 = 8 * kb + 2 * e
+                s0 = fma_rn(st[x0], gam[gi], d5[x0])
+                s1 = fma_rn(st[x0 + 1], gam[gi + 1], d5[x0 + 1])
+                new_st += [s0, s1]
+                a_s.append(pack_bf16x2(s0, s1))
+        st = new_st
+
+        # -------- Q4: out = bf(o1 + acc32(Mqk U)), one rounding, stored as mma_warpgroups stores it
+        o2 = list(mma_bf16_16816(a_u, (f_mqk[0], f_mqk[2]), (zero, zero, zero, zero))) + \
+            list(mma_bf16_16816(a_u, (f_mqk[1], f_mqk[3]), (zero, zero, zero, zero)))
+        for j in cutlass.range_constexpr(2):
+            row = Int64(start + 8 * j + g) * H64 + h64
+            ok = Int32(8 * j + g < m)
+            for hp in cutlass.range_constexpr(2):
+                c = 4 * j + 2 * hp
+                word = movmatrix_t(pack_bf16x2(add_rn(acc_o[c], o2[c]), add_rn(acc_o[c + 1], o2[c + 1])))
+                col = col_wg + 16 * wl + 8 * hp + 2 * q
+                stg_b32_if(out_ptr + row * HEAD_ROW_BYTES + Int64(col) * 2, word, ok)
+
+        cute.arch.mbarrier_arrive(empty + s)
+
+    # -------- Q6 exit: the master (fp32) or its bf16 words
+    if cutlass.const_expr(has_final):
+        if slot >= 0:
+            if cutlass.const_expr(final_fp32):
+                _store_master(final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), st, col_wg, r0, q)
+            else:
+                _store_state(final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), a_s, col_wg, r0, q, False)
