@@ -366,6 +366,8 @@ def main(argv=None) -> int:
                         help="input classes of kda_aot/input_classes.py, each shape runs on each")
     parser.add_argument("--gate-forms", nargs="+", choices=GATE_FORMS, default=["safe", "softplus", "log_decay"],
                         help="gate forms of kda_aot.prefill; forms other than safe time kda-aot, FLA and cuDNN only")
+    parser.add_argument("--shapes", nargs="+", default=None, metavar="H:LENS",
+                        help="only these rows of the suite, e.g. 4:16384 64:uneven6 8:6000+2192 (the table's names)")
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--value-split", type=int, nargs="*", default=None,
@@ -413,6 +415,8 @@ def main(argv=None) -> int:
     for case in SUITES[args.suite]:
         if case not in cases:  # "all" lists the two shapes the suites share once
             cases.append(case)
+    if args.shapes:
+        cases = [(H, lens) for H, lens in cases if f"{H}:{shape_key(lens)}" in set(args.shapes)]
     bw = copy_bandwidth()
     meta = run_meta(args, bw)
     print(f"kda-aot {kda_aot.__version__} on {meta['machine']}, copy bandwidth {bw / 1e12:.2f} TB/s, "
