@@ -61,6 +61,25 @@ def _store_state(ptr, base, words, col_wg, r0, q, fp32: bool):
                 stg_b32(ptr + e0 * 2, words[4 * kb + e])
 
 
+def _q1_chains(a_s, sb, zero):
+    """Q1 of one tile, both recipes (emitted inline): u^T = S Kd^T and o1^T = S Qd^T as two
+    m64n16k16 chains over the state's A fragments a_s and the stage's raw Kd / Qd images, each its
+    own commit group (the caller waits for u^T first). Returns (a_s as fenced, acc_u, acc_o)."""
+    a_s, acc = wgmma_fence(a_s, [zero] * 16)
+    acc_u = acc[:8]
+    acc_o = acc[8:]
+    desc_kd = smem_desc(sb + K2_OFF_KD, 256, 128)
+    desc_qd = smem_desc(sb + K2_OFF_QD, 256, 128)
+    for kb in range(D // 16):  # a plain helper: Python's loop unrolls at trace time
+        # + 512 bytes per k16 step: + 32 in the descriptor's address field
+        acc_u = wgmma_m64n16k16_rs(acc_u, a_s[4 * kb:4 * kb + 4], desc_kd + Int64(32 * kb), kb > 0)
+    wgmma_commit()
+    for kb in range(D // 16):  # a plain helper: Python's loop unrolls at trace time
+        acc_o = wgmma_m64n16k16_rs(acc_o, a_s[4 * kb:4 * kb + 4], desc_qd + Int64(32 * kb), kb > 0)
+    wgmma_commit()
+    return a_s, acc_u, acc_o
+
+
 def _stage_operands(sb, off_sq, q, wg, r0, m, VSTR: int):
     """A tile's stage-only operands, read while Q1 runs: the INV and Mqk B fragments, bsig, v^T and
     gamma. u^T's element c = 4 j + hh is (value row r0 + 8 (hh >> 1), token 8 j + 2q + (hh & 1));
@@ -132,18 +151,7 @@ def mma_warpgroups(warp: Int32, lane: Int32, vblk: Int32, n: Int32, h64: Int64, 
         m = cutlass.min(tok_end - start, CHUNK)
 
         # -------- Q1: u^T's chain, then o1^T's, each its own commit group
-        a_s, acc = wgmma_fence(a_s, [zero] * 16)
-        acc_u = acc[:8]
-        acc_o = acc[8:]
-        desc_kd = smem_desc(sb + K2_OFF_KD, 256, 128)
-        desc_qd = smem_desc(sb + K2_OFF_QD, 256, 128)
-        for kb in cutlass.range_constexpr(D // 16):
-            # + 512 bytes per k16 step: + 32 in the descriptor's address field
-            acc_u = wgmma_m64n16k16_rs(acc_u, a_s[4 * kb:4 * kb + 4], desc_kd + Int64(32 * kb), kb > 0)
-        wgmma_commit()
-        for kb in cutlass.range_constexpr(D // 16):
-            acc_o = wgmma_m64n16k16_rs(acc_o, a_s[4 * kb:4 * kb + 4], desc_qd + Int64(32 * kb), kb > 0)
-        wgmma_commit()
+        a_s, acc_u, acc_o = _q1_chains(a_s, sb, zero)
 
         # stage-only operands, read while Q1 runs (_stage_operands: which element is which)
         f_inv, f_mqk, bs, vv, gam = _stage_operands(sb, off_sq, q, wg, r0, m, VSTR)
@@ -293,17 +301,7 @@ def mma_warpgroups_accurate(warp: Int32, lane: Int32, vblk: Int32, n: Int32, h64
         m = cutlass.min(tok_end - start, CHUNK)
 
         # -------- Q1: u^T's chain, then o1^T's, each its own commit group
-        a_s, acc = wgmma_fence(a_s, [zero] * 16)
-        acc_u = acc[:8]
-        acc_o = acc[8:]
-        desc_kd = smem_desc(sb + K2_OFF_KD, 256, 128)
-        desc_qd = smem_desc(sb + K2_OFF_QD, 256, 128)
-        for kb in cutlass.range_constexpr(D // 16):
-            acc_u = wgmma_m64n16k16_rs(acc_u, a_s[4 * kb:4 * kb + 4], desc_kd + Int64(32 * kb), kb > 0)
-        wgmma_commit()
-        for kb in cutlass.range_constexpr(D // 16):
-            acc_o = wgmma_m64n16k16_rs(acc_o, a_s[4 * kb:4 * kb + 4], desc_qd + Int64(32 * kb), kb > 0)
-        wgmma_commit()
+        a_s, acc_u, acc_o = _q1_chains(a_s, sb, zero)
 
         f_inv, f_mqk, bs, vv, gam = _stage_operands(sb, off_sq, q, wg, r0, m, VSTR)
 
