@@ -16,7 +16,7 @@ from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import __version__, call_plan, frameworks, pending, streams
+from . import __version__, call_plan, frameworks, pending, prefill_args, streams
 from .abi_constants import D
 from .call_plan import CallPlan, UnsafePointers
 from .loader import CudaError, KdaError, get_library, library_dir
@@ -38,9 +38,7 @@ class Checkpoints(NamedTuple):
     states: Any
     index: Any
 
-_TENSOR_ARGS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens", "out", "final_state",
-                "state_pool", "state_indices", "checkpoints", "checkpoint_index", "checkpoint_state",
-                "checkpoint_offsets", "checkpoint_slots", "workspace")
+_TENSOR_ARGS = prefill_args.NAMES + ("workspace",)  # the order of `tensors` in prefill and workspace_size
 _VALIDATE_MODES = ("device", "host")
 
 # CallPlans by key (shapes, dtypes, devices, scalars, options; never a pointer or a caller's object).

@@ -17,7 +17,7 @@ from functools import reduce
 from operator import itemgetter, or_
 from typing import Optional, Sequence, Tuple
 
-from . import cp_plan, launcher
+from . import cp_plan, launcher, prefill_args
 from .abi_constants import D, WORKSPACE_ALIGN
 from .launcher import Launch, Segmentation
 from .program import SLOT
@@ -129,11 +129,8 @@ def build(lib, problem: Problem, *, lengths: Optional[Tuple[int, ...]], sm_count
              if g and name != "workspace" and nbytes[name] > 0 and alignment.get(name, 1) > 1]
     if given.get("workspace"):
         align.append((SLOT["workspace"], WORKSPACE_ALIGN - 1))
-    written = [(SLOT[n], nbytes[n]) for n in ("out", "final_state", "checkpoints", "checkpoint_index", "state_pool",
-                                              "checkpoint_state", "workspace") if given.get(n) and nbytes[n] > 0]
-    read = [(SLOT[n], nbytes[n]) for n in ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state",
-                                           "cu_seqlens", "state_indices", "checkpoint_offsets", "checkpoint_slots")
-            if given.get(n) and nbytes[n] > 0]
+    written = [(SLOT[n], nbytes[n]) for n in prefill_args.WRITTEN + ("workspace",) if given.get(n) and nbytes[n] > 0]
+    read = [(SLOT[n], nbytes[n]) for n in prefill_args.READ if given.get(n) and nbytes[n] > 0]
     has_final = problem.has_final
     return CallPlan(
         problem=problem, launch=launch, out_shape=(problem.B, problem.T, problem.H, D),

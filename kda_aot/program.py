@@ -18,13 +18,12 @@ from typing import List, Mapping, Sequence, Tuple, Union
 
 import numpy as np
 
+from . import prefill_args
 from .abi_constants import MAX_SLOTS  # the shim's KDA_MAX_SLOTS, generated from it
 from .loader import KernelLibrary
 
 # The per-call pointer vector, in this order (kda_run's `inputs`).
-INPUTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens", "out", "final_state",
-          "state_pool", "state_indices", "checkpoints", "checkpoint_index", "checkpoint_state", "checkpoint_offsets",
-          "checkpoint_slots", "workspace", "stream")
+INPUTS = prefill_args.NAMES + ("workspace", "stream")
 SLOT = {name: i for i, name in enumerate(INPUTS)}
 N_INPUTS = len(INPUTS)
 _PACK = struct.Struct(f"<{N_INPUTS}Q").pack

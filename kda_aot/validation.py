@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
 from .abi_constants import LOG2E, D  # head dim: K = V = 128 only
+from . import prefill_args
 from .gate_forms import BETA_FORMS, GATES, Form, needs, resolve_lower_bound
 
 if TYPE_CHECKING:  # kda_aot.tensors imports cuda.core; this module stays importable without it
@@ -73,58 +74,22 @@ class Problem:
 
 
 # --------------------------------------------------------------------------------------------
-# Argument tables
+# Argument tables: derived from prefill_args.ARGS, the one declaration of prefill's tensors
 
-_REQUIRED = ("q", "k", "v", "g", "beta")
-_OPTIONAL = ("A_log", "dt_bias", "out", "initial_state", "final_state", "cu_seqlens", "state_pool", "state_indices", "checkpoints",
-             "checkpoint_index", "checkpoint_state", "checkpoint_offsets", "checkpoint_slots")
-_INPUTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens", "state_indices",
-           "checkpoint_offsets", "checkpoint_slots")
-# Written in place. state_pool is read too (its entry states) but written where it is read: it
-# may overlap nothing else, which the output check below gives.
-_OUTPUTS = ("out", "final_state", "checkpoints", "checkpoint_index", "state_pool", "checkpoint_state")
-# one state dtype per call
-_STATES = ("initial_state", "final_state", "state_pool", "checkpoints", "checkpoint_state")
-# Read in place as strided views (the rest must be contiguous; the pool keeps its slot stride).
-_STRIDED = ("q", "k", "v", "g", "beta")
+_REQUIRED = prefill_args.REQUIRED
+_OPTIONAL = prefill_args.OPTIONAL
+_INPUTS = prefill_args.READ
+_OUTPUTS = prefill_args.WRITTEN
+_STATES = prefill_args.STATES  # one state dtype per call
+_STRIDED = prefill_args.STRIDED  # read in place as strided views (the pool keeps its slot stride)
 
-_BF16, _FP32, _I32, _I64 = "bfloat16", "float32", "int32", "int64"
-_DTYPES: Dict[str, Tuple[str, ...]] = {
-    "q": (_BF16,),
-    "k": (_BF16,),
-    "v": (_BF16,),
-    "g": (_BF16, _FP32),  # fp32 only with gate="log_decay" (_check_form_dtypes)
-    "beta": (_BF16, _FP32),
-    "out": (_BF16,),
-    "A_log": (_FP32,),
-    "dt_bias": (_FP32,),
-    "initial_state": (_BF16, _FP32),
-    "final_state": (_BF16, _FP32),
-    "cu_seqlens": (_I32, _I64),
-    "state_pool": (_BF16, _FP32),
-    "state_indices": (_I32,),
-    "checkpoints": (_BF16, _FP32),
-    "checkpoint_index": (_I32,),
-    "checkpoint_state": (_BF16, _FP32),
-    "checkpoint_offsets": (_I32, _I64),
-    "checkpoint_slots": (_I32,),
-}
+_BF16, _FP32, _I32, _I64 = prefill_args.BF16, prefill_args.FP32, prefill_args.I32, prefill_args.I64
+_DTYPES: Dict[str, Tuple[str, ...]] = prefill_args.DTYPES
 
-# Bytes each pointer must be aligned to, per argument and dtype: the largest alignment any kernel
-# declares for the pointer it receives (build_kernels/registry.py; the build writes the same table
-# to the manifest as `arg_alignment`, and a CPU test keeps the two equal). Bulk (TMA) copies need
-# 16 bytes; beta is read as bf16 pairs, A_log per element, dt_bias in 16-byte vectors.
+# Bytes each pointer must be aligned to, per argument and dtype (prefill_args says where the
+# figures come from; the manifest's `arg_alignment` must equal it).
 Alignment = Mapping[str, Mapping[str, int]]
-ALIGNMENT: Alignment = {
-    "q": {_BF16: 16}, "k": {_BF16: 16}, "v": {_BF16: 16}, "g": {_BF16: 16, _FP32: 16}, "out": {_BF16: 16},
-    "beta": {_BF16: 2, _FP32: 4}, "A_log": {_FP32: 4}, "dt_bias": {_FP32: 16},
-    "initial_state": {_BF16: 16, _FP32: 16}, "final_state": {_BF16: 16, _FP32: 16},
-    "cu_seqlens": {_I32: 4, _I64: 8},
-    "state_pool": {_BF16: 16, _FP32: 16}, "state_indices": {_I32: 4},
-    "checkpoints": {_BF16: 16, _FP32: 16}, "checkpoint_index": {_I32: 4},
-    "checkpoint_state": {_BF16: 16, _FP32: 16}, "checkpoint_offsets": {_I32: 4, _I64: 8},
-    "checkpoint_slots": {_I32: 4},
-}
+ALIGNMENT: Alignment = prefill_args.ALIGNMENT
 
 Tensors = Dict[str, Optional["TensorDesc"]]
 

@@ -46,3 +46,31 @@ def test_the_shims_slot_limit_comes_from_the_abi_constants():
     assert "#define KDA_MAX_SLOTS" not in shim and "KDA_MAX_SLOTS" in shim
     build = (ROOT / "build_kernels" / "__main__.py").read_text()
     assert 'f"#define KDA_MAX_SLOTS {ABI_CONSTANTS.MAX_SLOTS}"' in build
+
+
+def test_prefill_tensor_arguments_are_declared_once():
+    """prefill_args.ARGS is the one declaration: the wall's tables, the pointer vector, the intake
+    order and the `tensors` tuples prefill and workspace_size build all follow it."""
+    import ast
+    import inspect
+    import textwrap
+
+    from kda_aot import api, prefill_args, program, validation
+
+    names = prefill_args.NAMES
+    assert api._TENSOR_ARGS == names + ("workspace",) and program.INPUTS == names + ("workspace", "stream")
+    assert set(validation._REQUIRED + validation._OPTIONAL) == set(names)
+    assert set(validation._INPUTS) | set(validation._OUTPUTS) == set(names)
+    assert validation._DTYPES == {a.name: tuple(a.align) for a in prefill_args.ARGS}
+    assert validation.ALIGNMENT is prefill_args.ALIGNMENT
+    for fn in (api.prefill, api.workspace_size):
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        tuples = [node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == "tensors" for t in node.targets)]
+        assert len(tuples) == 1, fn.__name__
+        got = tuple(e.id if isinstance(e, ast.Name) else ast.literal_eval(e) for e in tuples[0].elts)
+        # workspace_size has no workspace of its own to pass (None in that place)
+        want = api._TENSOR_ARGS if fn is api.prefill else names + (None,)
+        assert got == want, fn.__name__
+        params = inspect.signature(fn).parameters
+        assert all(name in params for name in names), fn.__name__
