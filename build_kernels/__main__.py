@@ -23,7 +23,7 @@ from pathlib import Path
 from . import abi
 from . import compile as kc
 from .registry import all_variants
-from .runtime_files import ABI_CONSTANTS
+from . import abi_constants as ABI_CONSTANTS
 
 ROOT = Path(__file__).resolve().parent.parent
 

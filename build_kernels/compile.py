@@ -66,7 +66,9 @@ def _kernel_sources(module: str, seen: set | None = None) -> List[Path]:
 def fingerprint(variant: Variant) -> str:
     """Hash of everything that determines the object: sources, DSL version, options, variant."""
     h = hashlib.sha256()
-    for path in sorted(set(_kernel_sources(variant.module))) + [Path(__file__), Path(__file__).with_name("registry.py")]:
+    here = Path(__file__)
+    for path in sorted(set(_kernel_sources(variant.module))) + [here, here.with_name("registry.py"),
+                                                                  here.with_name("abi_constants.py")]:
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     h.update(cutlass.__version__.encode() + OPTIONS.encode() + repr(variant.to_json()).encode())
     return h.hexdigest()[:20]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, List, Tuple
 
-from .runtime_files import ABI_CONSTANTS
+from . import abi_constants as ABI_CONSTANTS
 
 # Argument kinds: "ptr" (device pointer, with element dtype and the alignment the kernel assumes),
 # "i32", "i64", "f32" (scalars), "stream".
@@ -324,21 +324,25 @@ def _k2_regstate() -> List[Variant]:
     return out
 
 
-# The build compiles exactly these, in this order: the library addresses kernels by index, so the
-# order is part of the ABI (kda_aot/_abi.py).
-FAMILIES = {"seq_tables": _seq_tables, "k1": _k1, "k2": _k2, "approx": _approx, "cp_merge": _cp_merge,
-            "k2_segments": _k2_segments, "cp_pre_scan": _cp_pre_scan, "cp_seg_tables": _cp_seg_tables,
-            # appended after the families above so that their kernel indices are unchanged
-            "k2_ext": _k2_ext, "cp_merge_pool": _cp_merge_pool, "checkpoint_index": _checkpoint_index,
-            # numerics="accurate" last
-            "k2_accurate": lambda: _k2(True), "k2_segments_accurate": lambda: _k2_segments(True),
-            "cp_pre_scan_accurate": lambda: _cp_pre_scan(True), "k2_ablation": _k2_ablation,
-            "k1_accurate": _k1_accurate,
-            # the register-state K2
-            "k2_regstate": _k2_regstate,
-            # the general K1 of every other gate and beta form last
-            "k1_general": lambda: _k1_general(False), "k1_general_accurate": lambda: _k1_general(True),
-            "checkpoint_table": _checkpoint_table}
+# The build compiles exactly these. The runtime finds each kernel by name in the library's own
+# manifest and the ABI hash sorts them by name (kda_aot/abi_hash.py), so this order is only the
+# order of the build's log and of the library's tables.
+FAMILIES = {
+    # device-built tables
+    "seq_tables": _seq_tables, "cp_seg_tables": _cp_seg_tables, "checkpoint_index": _checkpoint_index,
+    "checkpoint_table": _checkpoint_table,
+    # K1: FlashKDA's configuration, then every other gate and beta form; each with its accurate twin
+    "k1": _k1, "k1_accurate": _k1_accurate,
+    "k1_general": lambda: _k1_general(False), "k1_general_accurate": lambda: _k1_general(True),
+    # K2: the mma.sync kernel (serial, CP segments, state I/O by slot) and its register-state twins
+    "k2": _k2, "k2_accurate": lambda: _k2(True), "k2_segments": _k2_segments,
+    "k2_segments_accurate": lambda: _k2_segments(True), "k2_ext": _k2_ext, "k2_regstate": _k2_regstate,
+    # context parallelism
+    "cp_pre_scan": _cp_pre_scan, "cp_pre_scan_accurate": lambda: _cp_pre_scan(True), "cp_merge": _cp_merge,
+    "cp_merge_pool": _cp_merge_pool,
+    # measurement only: the PTX approximations for the GPU reference, the accurate recipe's ablations
+    "approx": _approx, "k2_ablation": _k2_ablation,
+}
 
 
 def all_variants() -> List[Variant]:

@@ -1,10 +1,11 @@
-"""The runtime's stdlib-only modules the build shares, loaded by path.
+"""The runtime's stdlib-only module the build shares, loaded by path.
 
-kda_aot/abi_hash.py and kda_aot/abi_constants.py are the single definitions of the ABI hash and
-of the constants both wings agree on. Importing them as `kda_aot.x` would import the kda_aot
-package, whose modules need the runtime's dependencies (numpy, cuda.core) that a build environment
-need not have; so they are executed from their files. Each is loaded once and kept in sys.modules
-under a private name, so the registry, the ABI writer and every kernel module see one object.
+kda_aot/abi_hash.py is the single definition of the ABI hash (a function both wings run: the build
+on its registry, the runtime on a manifest). Importing it as `kda_aot.abi_hash` would import the
+kda_aot package, whose modules need the runtime's dependencies (numpy, cuda.core) that a build
+environment need not have; so it is executed from its file, once, and kept in sys.modules under a
+private name. The ABI constants flow the other way: build_kernels/abi_constants.py, generated into
+kda_aot/_abi.py.
 """
 
 from __future__ import annotations
@@ -27,5 +28,3 @@ def load(name: str):
         spec.loader.exec_module(module)
     return module
 
-
-ABI_CONSTANTS = load("abi_constants")

@@ -1,60 +1,28 @@
-"""The numbers both wings must agree on: head dimension, tile size, K2 value blocks, workspace slots.
+"""The numbers both wings agree on (head dimension, tile size, K2 value blocks, workspace slots),
+as the build declares them (build_kernels/abi_constants.py) and generates them into _abi.py.
 
-Stdlib only and free of package imports, for the same reason as abi_hash.py: the runtime imports
-it (validation, planner, workspace, cp_plan, reference), and the build loads this very file by path
-(build_kernels/runtime_files.py) for the registry and the kernels' tile constants, without
-importing the kda_aot package (whose modules need numpy / cuda.core). The build writes
-manifest_constants() into the manifest, and identity.py refuses a library whose manifest says
-otherwise: a library compiled with another tile or slot size would read the workspace wrongly.
+The runtime reads them from here (validation, planner, workspace, cp_plan, the references), and
+identity.py compares manifest_constants() with a library's manifest. Stdlib only, free of package
+imports beyond the generated _abi.py.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Dict
 
-# Manifest format the build writes and identity.py reads (3: adds the "constants" section).
-MANIFEST_FORMAT = 3
+from ._abi import (CHUNK, LOG2E, MANIFEST_CONSTANTS, MANIFEST_FORMAT, MAX_SLOTS, REGSTATE_RENAME,  # noqa: F401
+                   SLOT_BYTES, STATE_BYTES, TILE_IMAGE_BYTES, VALUE_BLOCKS, WORKSPACE_ALIGN, D)
 
-D = 128  # head dimension, K = V = 128 only (docs/algorithm.md §1.4)
-CHUNK = 16  # tokens per tile (docs/algorithm.md §2.3); the 16x16 inverse and the gate range argument rely on it
-LOG2E = 1.4426950408889634  # log2(e): the gates run in base 2 (docs/algorithm.md §2.4 P2), both wings use it
-VALUE_BLOCKS = (128, 64, 32)  # value rows of the state per K2 / pre_scan CTA (the value-column split)
-
-WORKSPACE_ALIGN = 256  # every workspace region starts 256-byte aligned relative to the base
-TILE_IMAGE_BYTES = CHUNK * D * 2  # one raw 16x128 bf16 tile image (docs/kernel_abi.md)
-
-# Bytes per (head, tile) slot of each workspace region, in the order the regions are laid out
-# (docs/kernel_abi.md): K1 writes them, K2 and pre_scan copy them into their stages.
-SLOT_BYTES = (
-    ("qd", TILE_IMAGE_BYTES),  # 4096: raw image of Qd
-    ("kd", TILE_IMAGE_BYTES),  # 4096: raw image of Kd
-    ("kr", TILE_IMAGE_BYTES),  # 4096: raw image of Kr
-    ("gt", D * 4),  # 512: fp32 gamma per key channel
-    ("inv", CHUNK * CHUNK * 2),  # 512: bf16 (I+L)^-1, 16x16
-    ("mqk", CHUNK * CHUNK * 2),  # 512: bf16 causal Qd Ki^T, 16x16
-    ("bsig", CHUNK * 2),  # 32: bf16 sigma(beta) per row
-)
 SLOT = dict(SLOT_BYTES)
-
-STATE_BYTES = D * D * 4  # one fp32 [V, K] state: the CP scratch per (segment, head)
-MAX_SLOTS = 256  # argument slots of one native call (program.py builds them, the shim's kda_run holds them)
 
 
 def regstate_name(k2_name: str) -> str:
-    """The kernel name of the register-state twin of a K2 variant (same arguments, same bits):
-    k2_X -> k2_regstate_X. The registry names the twins with it and the launcher looks them up
-    with it."""
-    return k2_name.replace("k2_", "k2_regstate_", 1)
+    """The kernel name of the register-state twin of the K2 variant `k2_name` (same arguments,
+    same bits): the build's naming rule, REGSTATE_RENAME."""
+    return k2_name.replace(*REGSTATE_RENAME, 1)
 
 
 def manifest_constants() -> Dict[str, Any]:
-    """The constants as the manifest records them (JSON types: lists, not tuples), so that
-    a manifest read back compares equal to this."""
-    return {
-        "D": D,
-        "CHUNK": CHUNK,
-        "VALUE_BLOCKS": list(VALUE_BLOCKS),
-        "WORKSPACE_ALIGN": WORKSPACE_ALIGN,
-        "SLOT_BYTES": [[name, nbytes] for name, nbytes in SLOT_BYTES],
-        "STATE_BYTES": STATE_BYTES,
-    }
+    """The constants as the manifest records them (JSON types: lists, not tuples), a fresh copy."""
+    return json.loads(json.dumps(MANIFEST_CONSTANTS))

@@ -26,9 +26,16 @@ def _canonical(obj: Any) -> str:
 
 
 def abi_hash(kernels: Sequence[Mapping[str, Any]]) -> str:
-    """sha256 of the canonical JSON of every kernel's record, in library order (the library
-    addresses kernels by index)."""
-    return hashlib.sha256(_canonical([kernel_record(k) for k in kernels]).encode()).hexdigest()
+    """sha256 of the canonical JSON of every kernel's record, in name order: the runtime finds a
+    kernel by name in the library's own manifest (kda_aot/loader.py), so the order in which a
+    build lists its kernels is not part of the ABI."""
+    records = sorted((kernel_record(k) for k in kernels), key=lambda r: r["name"])
+    return hashlib.sha256(_canonical(records).encode()).hexdigest()
+
+
+def signatures(kernels: Sequence[Mapping[str, Any]]) -> list:
+    """kernel_signature of every kernel, in name order (the order abi_hash hashes them in)."""
+    return [kernel_signature(k) for k in sorted(kernels, key=lambda k: k["name"])]
 
 
 def kernel_signature(kernel: Mapping[str, Any]) -> str:

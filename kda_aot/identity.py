@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from . import abi_constants
-from .abi_hash import abi_hash, kernel_signature
+from .abi_hash import abi_hash
+from .abi_hash import signatures as kernel_signatures
 from .errors import KdaError
 
 MANIFEST_FORMAT = abi_constants.MANIFEST_FORMAT  # the build writes the same number
@@ -115,7 +116,7 @@ def check_library_identity(manifest: dict, library_path, expected: Optional[Dict
     try:
         kernels = list(manifest["kernels"])
         actual = abi_hash(kernels)
-        signatures = [kernel_signature(k) for k in kernels]
+        signatures = kernel_signatures(kernels)
     except (KeyError, TypeError, AttributeError) as exc:
         fail(f"its manifest's kernel list is malformed ({type(exc).__name__}: {exc})")
     if manifest.get("abi_hash") != actual:
@@ -137,10 +138,14 @@ def _constants_difference(library: Any, package: Dict[str, Any]) -> str:
 
 
 def _first_difference(library: List[str], package: List[str]) -> str:
-    """The first kernel whose signature differs, both sides, for the error message."""
-    for i, (lib_sig, pkg_sig) in enumerate(zip(library, package)):
-        if lib_sig != pkg_sig:
-            return f"kernel {i}: the library has {lib_sig}, this package expects {pkg_sig}"
-    if len(library) != len(package):
-        return f"the library has {len(library)} kernels, this package expects {len(package)}"
+    """The first kernel (by name) that one side lacks or whose signature differs, for the error message."""
+    lib = {sig.split("(", 1)[0]: sig for sig in library}
+    pkg = {sig.split("(", 1)[0]: sig for sig in package}
+    for name in sorted(set(lib) | set(pkg)):
+        if name not in lib:
+            return f"kernel {name}: the library lacks it, this package expects {pkg[name]}"
+        if name not in pkg:
+            return f"kernel {name}: the library has {lib[name]}, this package has no such kernel"
+        if lib[name] != pkg[name]:
+            return f"kernel {name}: the library has {lib[name]}, this package expects {pkg[name]}"
     return "the kernel signatures agree but their hash does not (regenerate kda_aot/_abi.py)"

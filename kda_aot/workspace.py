@@ -13,7 +13,7 @@ import threading
 from typing import Dict, Tuple
 
 # The alignment and the bytes per (head, tile) slot of each region, in layout order, are part of
-# the kernel ABI: declared once in abi_constants.py, which the build reads too.
+# the kernel ABI: declared once in build_kernels/abi_constants.py, generated into _abi.py.
 from .abi_constants import SLOT_BYTES, STATE_BYTES
 from .abi_constants import WORKSPACE_ALIGN as ALIGN
 

@@ -14,7 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))  # build_kernels lives only in the source tree (appended: kda_aot stays the installed one)
-from build_kernels import abi, runtime_files  # noqa: E402
+from build_kernels import abi  # noqa: E402
+from build_kernels import abi_constants as build_constants  # noqa: E402
 from build_kernels.registry import all_variants  # noqa: E402
 from kda_aot import abi_constants, identity, loader  # noqa: E402
 from kda_aot.abi_hash import abi_hash  # noqa: E402
@@ -28,8 +29,8 @@ def manifest_for(variants=None, **changes) -> dict:
     kernels = [v.to_json() | {"fingerprint": "f" * 20} for v in variants]
     m = {"format": identity.MANIFEST_FORMAT, "package_version": identity.package_version(),
          "git_revision": REVISION, "abi_hash": abi_hash(kernels),
-         # as build_kernels/__main__.py writes it: from the build's by-path copy of abi_constants.py
-         "constants": runtime_files.ABI_CONSTANTS.manifest_constants(),
+         # as build_kernels/__main__.py writes it: from the build's own constants
+         "constants": build_constants.manifest_constants(),
          "arg_alignment": abi.arg_alignment(variants), "kernels": kernels}
     m.update(changes)
     return m
@@ -93,21 +94,22 @@ def test_identity_fields(changes, match):
 
 
 # --------------------------------------------------------------------------------------------
-# Constants: one source (kda_aot/abi_constants.py), recorded in the manifest and checked
+# Constants: declared by the build (build_kernels/abi_constants.py), generated into kda_aot/_abi.py,
+# recorded in the manifest and checked
 
-def test_build_and_runtime_read_the_same_constants():
-    """The build's by-path copy is the same file, so both wings see the same values; and every
-    place that used to declare its own copy now reads them from there."""
-    from build_kernels import registry
-    from kda_aot import cp_plan, planner, validation, workspace
+def test_the_runtime_reads_the_constants_the_build_declares():
+    """The generated copy holds the build's values (and _abi.py is fresh: test_abi_module_is_generated_from_the_registry),
+    and the runtime modules read them from kda_aot.abi_constants instead of keeping their own."""
+    from kda_aot import _abi, cp_plan, planner, validation, workspace
 
-    assert runtime_files.ABI_CONSTANTS.manifest_constants() == abi_constants.manifest_constants()
-    assert registry.VALUE_BLOCKS == abi_constants.VALUE_BLOCKS
-    assert planner.VALUE_SPLITS == (1, 2, 4) and planner.D == validation.D == abi_constants.D == 128
-    assert planner.CHUNK == cp_plan.CHUNK == abi_constants.CHUNK == 16
-    assert workspace.SLOT_BYTES is abi_constants.SLOT_BYTES and workspace.ALIGN == 256
-    assert dict(workspace.SLOT_BYTES) == {"qd": 4096, "kd": 4096, "kr": 4096, "gt": 512, "inv": 512, "mqk": 512,
-                                          "bsig": 32}
+    for name in build_constants.RUNTIME_NAMES:
+        assert getattr(_abi, name) == getattr(build_constants, name), name
+        assert getattr(abi_constants, name) is getattr(_abi, name), name
+    assert abi_constants.manifest_constants() == build_constants.manifest_constants()
+    assert abi_constants.regstate_name("k2_inout_f32_vb64") == build_constants.regstate_name("k2_inout_f32_vb64")
+    assert planner.D is validation.D is abi_constants.D and planner.CHUNK is cp_plan.CHUNK is abi_constants.CHUNK
+    assert planner.VALUE_BLOCKS is abi_constants.VALUE_BLOCKS
+    assert workspace.SLOT_BYTES is abi_constants.SLOT_BYTES and workspace.ALIGN is abi_constants.WORKSPACE_ALIGN
 
 
 def test_manifest_constants_survive_json():
@@ -182,7 +184,7 @@ def test_other_abi_names_both_sides(mutate, library_side):
     with pytest.raises(identity.LibraryMismatchError) as info:
         check(edited(mutate, rehash=True))
     msg = str(info.value)
-    assert "kernel ABI" in msg and f"kernel {kernel_index(manifest_for(), 'k1_prepare')}: " in msg
+    assert "kernel ABI" in msg and "kernel k1_prepare: " in msg
     library, package = msg.split("the library has ", 1)[1].split(", this package expects ", 1)
     assert library_side in library
     assert "k1_prepare(q:ptr:bfloat16:16, k:ptr:bfloat16:16, g:ptr:bfloat16:16, beta:ptr:bfloat16:2, " \
@@ -198,10 +200,19 @@ def test_changed_constant_is_another_abi():
 
 
 def test_missing_kernel_is_another_abi():
-    n = len(all_variants())
+    last = all_variants()[-1].name
     m = manifest_for(variants=all_variants()[:-1])
-    with pytest.raises(identity.LibraryMismatchError, match=f"the library has {n - 1} kernels, this package expects {n}"):
+    with pytest.raises(identity.LibraryMismatchError, match=rf"kernel {last}: the library lacks it, this package expects "
+                                                            rf"{last}\("):
         check(m)
+
+
+def test_the_kernel_order_is_not_part_of_the_abi():
+    """The runtime finds kernels by name in the library's own manifest, and the hash sorts them by
+    name: a build that lists its kernels in another order is the same ABI."""
+    m = manifest_for(variants=list(reversed(all_variants())))
+    assert m["abi_hash"] == manifest_for()["abi_hash"]
+    check(m)
 
 
 def test_fingerprint_and_entry_are_not_part_of_the_abi():

@@ -13,7 +13,7 @@ from cutlass import Int32, Int64
 
 from .ptx_ops import (bulk_g2s, fma_rn, ldg_b32, mma_bf16_16816, movmatrix_t, mul_rn, pack_bf16x2, round_bf16x2, sub_rn,
                       unpack_bf16x2)
-from ..runtime_files import ABI_CONSTANTS
+from .. import abi_constants as ABI_CONSTANTS
 from .tile_ops import CHUNK, D, await_previous_grid
 
 STAGES = 3
