@@ -61,6 +61,33 @@ def _store_state(ptr, base, words, col_wg, r0, q, fp32: bool):
                 stg_b32(ptr + e0 * 2, words[4 * kb + e])
 
 
+def _lane_layout(warp, lane, vblk, n, h64, H64, VB: int):
+    """Where a lane of the MMA warpgroups works, both recipes (emitted inline): (warpgroup, warp
+    in it wl, C-fragment row g and column pair q, first value row r0 = 16 wl + g within the
+    warpgroup's 64, first global value column of the warpgroup, element index of state[n, h, 0, 0],
+    and the lane's ldmatrix.x4 offset in a row-major 16 x 16 (INV, Mqk): matrix j4 = lane >> 3 is
+    rows 8 (j4 & 1), columns 8 (j4 >> 1), so n-block nb's B fragment is (f[nb], f[nb + 2]))."""
+    wg = warp // 4
+    wl = warp % 4
+    g = lane >> 2
+    q = lane & 3
+    r0 = 16 * wl + g
+    col_wg = vblk * VB + WG_COLS * wg
+    state_base = (Int64(n) * H64 + h64) * Int64(D * D)
+    off_sq = 32 * (8 * ((lane >> 3) & 1) + (lane & 7)) + 16 * (lane >> 4)
+    return wg, wl, g, q, r0, col_wg, state_base, off_sq
+
+
+def _next_tile(i, full, buf_addr, SB: int, tok0, tok_end):
+    """Tile i from the ring, both recipes (emitted inline): wait until its stage is full; (stage,
+    its shared address, first token, valid rows)."""
+    s = i % STAGES
+    cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
+    sb = buf_addr + s * SB
+    start = tok0 + i * CHUNK
+    return s, sb, start, cutlass.min(tok_end - start, CHUNK)
+
+
 def _q1_chains(a_s, sb, zero):
     """Q1 of one tile, both recipes (emitted inline): u^T = S Kd^T and o1^T = S Qd^T as two
     m64n16k16 chains over the state's A fragments a_s and the stage's raw Kd / Qd images, each its
@@ -114,16 +141,7 @@ def mma_warpgroups(warp: Int32, lane: Int32, vblk: Int32, n: Int32, h64: Int64, 
     (k2_recurrence._k2_kernel). Each thread arrives once on empty[s] per tile it has consumed."""
     VSTR = v_stride(VB)
     SB = k2_stage_bytes(VB)
-    wg = warp // 4
-    wl = warp % 4
-    g = lane >> 2
-    q = lane & 3
-    r0 = 16 * wl + g  # this lane's first value row within its warpgroup's 64
-    col_wg = vblk * VB + WG_COLS * wg  # first global value column of the warpgroup
-    state_base = (Int64(n) * H64 + h64) * Int64(D * D)  # element index of state[n, h, 0, 0]
-    # ldmatrix.x4 of a row-major 16 x 16 (INV, Mqk): matrix j4 = lane >> 3 is rows 8 (j4 & 1),
-    # columns 8 (j4 >> 1); n-block nb's B fragment is then (f[nb], f[nb + 2])
-    off_sq = 32 * (8 * ((lane >> 3) & 1) + (lane & 7)) + 16 * (lane >> 4)
+    wg, wl, g, q, r0, col_wg, state_base, off_sq = _lane_layout(warp, lane, vblk, n, h64, H64, VB)
     zero = Float32(0.0)
 
     ck_base = tok0  # checkpoints count tokens from the start of the CTA's sequence
@@ -144,11 +162,7 @@ def mma_warpgroups(warp: Int32, lane: Int32, vblk: Int32, n: Int32, h64: Int64, 
         a_s = [Int32(0)] * 32
 
     for i in cutlass.range(ntiles, unroll=1):
-        s = i % STAGES
-        cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
-        sb = buf_addr + s * SB
-        start = tok0 + i * CHUNK
-        m = cutlass.min(tok_end - start, CHUNK)
+        s, sb, start, m = _next_tile(i, full, buf_addr, SB, tok0, tok_end)
 
         # -------- Q1: u^T's chain, then o1^T's, each its own commit group
         a_s, acc_u, acc_o = _q1_chains(a_s, sb, zero)
@@ -276,14 +290,7 @@ def mma_warpgroups_accurate(warp: Int32, lane: Int32, vblk: Int32, n: Int32, h64
     Exit: the master as it is (fp32) or a_s (bf16)."""
     VSTR = v_stride(VB)
     SB = k2_stage_bytes(VB)
-    wg = warp // 4
-    wl = warp % 4
-    g = lane >> 2
-    q = lane & 3
-    r0 = 16 * wl + g
-    col_wg = vblk * VB + WG_COLS * wg
-    state_base = (Int64(n) * H64 + h64) * Int64(D * D)
-    off_sq = 32 * (8 * ((lane >> 3) & 1) + (lane & 7)) + 16 * (lane >> 4)
+    wg, wl, g, q, r0, col_wg, state_base, off_sq = _lane_layout(warp, lane, vblk, n, h64, H64, VB)
     zero = Float32(0.0)
 
     # -------- Q6 entry: the fp32 master st and Q1's A fragments a_s = bf(st); 0 without a state
@@ -294,11 +301,7 @@ def mma_warpgroups_accurate(warp: Int32, lane: Int32, vblk: Int32, n: Int32, h64
         a_s = [Int32(0)] * 32
 
     for i in cutlass.range(ntiles, unroll=1):
-        s = i % STAGES
-        cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
-        sb = buf_addr + s * SB
-        start = tok0 + i * CHUNK
-        m = cutlass.min(tok_end - start, CHUNK)
+        s, sb, start, m = _next_tile(i, full, buf_addr, SB, tok0, tok_end)
 
         # -------- Q1: u^T's chain, then o1^T's, each its own commit group
         a_s, acc_u, acc_o = _q1_chains(a_s, sb, zero)
