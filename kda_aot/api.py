@@ -372,15 +372,9 @@ def _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_s
                 checkpoint_every=None, numerics="flashkda", form=("safe", "logits", False)) -> CallPlan:
     """The whole wall on this call's descriptions, then the plan (raises naming the argument)."""
     t = dict(zip(_TENSOR_ARGS, descs))
-    problem = validate_prefill(q=t["q"], k=t["k"], v=t["v"], g=t["g"], beta=t["beta"], A_log=t["A_log"],
-                               dt_bias=t["dt_bias"], lower_bound=lower_bound, scale=scale,
-                               initial_state=t["initial_state"], final_state=t["final_state"],
-                               cu_seqlens=t["cu_seqlens"], out=t["out"], cp=cp, state_pool=t["state_pool"],
-                               state_indices=t["state_indices"], checkpoint_every=checkpoint_every,
-                               checkpoints=t["checkpoints"], checkpoint_index=t["checkpoint_index"], numerics=numerics,
-                               gate=form[0], beta_form=form[1], allow_neg_eigval=form[2],
-                               checkpoint_state=t["checkpoint_state"], checkpoint_offsets=t["checkpoint_offsets"],
-                               checkpoint_slots=t["checkpoint_slots"])
+    problem = validate_prefill(**{name: t[name] for name in prefill_args.NAMES}, lower_bound=lower_bound,
+                               scale=scale, cp=cp, checkpoint_every=checkpoint_every, numerics=numerics,
+                               gate=form[0], beta_form=form[1], allow_neg_eigval=form[2])
     if problem.checkpoint_every and problem.state_dtype is None:
         import dataclasses
 

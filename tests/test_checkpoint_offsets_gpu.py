@@ -11,46 +11,31 @@ tests/test_state_pool_gpu.py. Engine style: device offsets only, CUDA graphs wit
 copied in before each replay, and no host synchronisation.
 """
 
+import os
+import sys
+
 import pytest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 torch = pytest.importorskip("torch")
+
+sys.path.insert(0, os.path.dirname(__file__))
+from state_buffers import inputs as _inputs, is_poison as _is_poison, poison as _poison  # noqa: E402
+from state_buffers import prefill as _prefill, same_bits as _same_bits  # noqa: E402
 
 D = 128
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 OFFSET_DTYPES = {"int32": torch.int32, "int64": torch.int64}
 
 
-def _inputs(shape, H, seed):
-    from kda_aot import reference
-
-    x = reference.make_inputs(shape, H, seed=seed, device="cuda")
-    x.pop("initial_state", None)
-    return x
 
 
-def _prefill(x, **kw):
-    import kda_aot
-
-    args = {k: x[k] for k in ("A_log", "dt_bias", "lower_bound", "cu_seqlens") if k in x}
-    return kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], **args, **kw)
 
 
-def _poison(t):
-    """NaN (fp32) or the 0x7fff bf16 NaN pattern everywhere."""
-    if t.dtype == torch.bfloat16:
-        t.view(torch.int16).fill_(0x7FFF)
-    else:
-        t.fill_(float("nan"))
-    return t
 
 
-def _same_bits(a, b):
-    return torch.equal(a.contiguous().view(torch.int8), b.contiguous().view(torch.int8))
 
 
-def _is_poison(t):
-    return _same_bits(t, _poison(torch.empty_like(t)))
 
 
 def _pool(S, H, dtype, pad, seed):

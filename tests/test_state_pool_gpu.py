@@ -7,37 +7,25 @@ against the serial checkpoints within the CP-vs-serial bound of tests/test_cp_gp
 throughout: cu_seqlens only on the device, fresh tensors, the caller's stream, CUDA graphs.
 """
 
+import os
+import sys
+
 import pytest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 torch = pytest.importorskip("torch")
 
+sys.path.insert(0, os.path.dirname(__file__))
+from state_buffers import inputs as _inputs, prefill as _prefill, poison as _poison  # noqa: E402
+
 D = 128
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def _inputs(lens, H, seed):
-    from kda_aot import reference
-
-    x = reference.make_inputs(lens, H, seed=seed, device="cuda")
-    x.pop("initial_state", None)
-    return x
 
 
-def _prefill(x, **kw):
-    import kda_aot
-
-    args = {k: x[k] for k in ("A_log", "dt_bias", "lower_bound", "cu_seqlens") if k in x}
-    return kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], **args, **kw)
 
 
-def _poison(t):
-    """NaN (fp32) or the 0x7fff bf16 NaN pattern everywhere."""
-    if t.dtype == torch.bfloat16:
-        t.view(torch.int16).fill_(0x7FFF)
-    else:
-        t.fill_(float("nan"))
-    return t
 
 
 def _pool(S, H, dtype, pad, seed):

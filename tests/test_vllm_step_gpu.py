@@ -18,10 +18,16 @@ by hand, per sequence on contiguous copies with explicit gathers and scatters:
      checkpoint_state prefix slices, then a scatter of both into the pool.
 """
 
+import os
+import sys
+
 import pytest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 torch = pytest.importorskip("torch")
+
+sys.path.insert(0, os.path.dirname(__file__))
+from state_buffers import poison as _poison, same_bits as _same_bits, is_poison as _is_poison  # noqa: E402
 
 D = 128
 H = 4
@@ -36,20 +42,10 @@ HD = H * D
 W = 4 * HD + 8  # q | k | v | g | beta (H columns) | padding: a token stride of whole 16-byte units
 
 
-def _poison(t):
-    if t.dtype == torch.bfloat16:
-        t.view(torch.int16).fill_(0x7FFF)
-    else:
-        t.fill_(float("nan"))
-    return t
 
 
-def _same_bits(a, b):
-    return torch.equal(a.contiguous().view(torch.int8), b.contiguous().view(torch.int8))
 
 
-def _is_poison(t):
-    return _same_bits(t, _poison(torch.empty_like(t)))
 
 
 def _checkpoint_offset(L):

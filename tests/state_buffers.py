@@ -1,0 +1,40 @@
+"""Shared by the GPU tests of states, pools and checkpoints (test_state_pool_gpu.py,
+test_checkpoint_offsets_gpu.py, test_vllm_step_gpu.py): the reference's inputs without an initial
+state, a prefill with their gate parameters, and poison to tell written memory from untouched."""
+
+import torch
+
+
+def inputs(shape, H, seed):
+    """reference.make_inputs on the GPU (lengths or a dense (B, T)), without an initial state."""
+    from kda_aot import reference
+
+    x = reference.make_inputs(shape, H, seed=seed, device="cuda")
+    x.pop("initial_state", None)
+    return x
+
+
+def prefill(x, **kw):
+    """kda_aot.prefill of x's q, k, v, g, beta with its gate parameters and cu_seqlens."""
+    import kda_aot
+
+    args = {k: x[k] for k in ("A_log", "dt_bias", "lower_bound", "cu_seqlens") if k in x}
+    return kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], **args, **kw)
+
+
+def poison(t):
+    """NaN (fp32) or the 0x7fff bf16 NaN pattern everywhere."""
+    if t.dtype == torch.bfloat16:
+        t.view(torch.int16).fill_(0x7FFF)
+    else:
+        t.fill_(float("nan"))
+    return t
+
+
+def same_bits(a, b):
+    return torch.equal(a.contiguous().view(torch.int8), b.contiguous().view(torch.int8))
+
+
+def is_poison(t):
+    """Every byte of t is still poison()'s."""
+    return same_bits(t, poison(torch.empty_like(t)))
