@@ -389,6 +389,9 @@ def main(argv=None) -> int:
                         help="time forced CP segment counts x value splits on the CP suite (planner tuning)")
     parser.add_argument("--checkpoint-cost", action="store_true",
                         help="time checkpoint_every=64 against no checkpoints (H=64 [8192], serial and CP H=8)")
+    parser.add_argument("--state-io-cost", action="store_true",
+                        help="time the serial K2 with its state I/O fixed at compile time against k2_ext, which reads "
+                             "the state pointers at run time (KDA_K2_EXT=1), per state dtype, on the strided rows")
     parser.add_argument("--contract-cost", action="store_true",
                         help="time checkpoints at two given offsets per sequence (buffer and pool slots) against none "
                              "(H=64 [8192]), strided against contiguous inputs on three rows, and the host cost of "
@@ -411,6 +414,8 @@ def main(argv=None) -> int:
         return checkpoint_cost(args)
     if args.contract_cost:
         return contract_cost(args)
+    if args.state_io_cost:
+        return state_io_cost(args)
     cases = []
     for case in SUITES[args.suite]:
         if case not in cases:  # "all" lists the two shapes the suites share once
@@ -746,6 +751,62 @@ def contract_cost(args) -> int:
               f"{strided:.3f} ms ({(strided / packed - 1) * 100:+.1f} %)", flush=True)
     for label, us in entry_host_costs():
         print(f"  host {label}: {us:.1f} us per call", flush=True)
+    return 0
+
+
+@contextlib.contextmanager
+def forced_k2_ext():
+    """KDA_K2_EXT=1 (launcher._forced_k2_ext) for the calls planned inside; the plan cache is
+    emptied on entry and exit, as in forced_k2_kernel."""
+    from kda_aot import api
+
+    before = os.environ.get("KDA_K2_EXT")
+    os.environ["KDA_K2_EXT"] = "1"
+    api._PLANS.clear()
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["KDA_K2_EXT"]
+        else:
+            os.environ["KDA_K2_EXT"] = before
+        api._PLANS.clear()
+
+
+def state_io_cost(args) -> int:
+    """The serial K2 variant whose state I/O is fixed at compile time against k2_ext, which takes
+    the same states as run-time pointers (null where absent): GPU time and whether the outputs
+    agree bit for bit, per state dtype, FlashKDA's recipe."""
+    import torch
+
+    import kda_aot
+
+    print(f"median of {args.iters} CUDA-event timings, given outputs, bf16 inputs (make_case)")
+    for H, lens in STRIDED_ROWS:
+        x, cu, out, _ = make_case(H, lens)
+        N = len(lens)
+        for label, dtype in (("no state", None), ("fp32 states", torch.float32), ("bf16 states", torch.bfloat16)):
+            kw = dict(A_log=x["A_log"], dt_bias=x["dt_bias"], cu_seqlens=cu, seq_lens=lens)
+            final = None
+            if dtype is not None:
+                final = torch.empty(N, H, 128, 128, device="cuda", dtype=dtype)
+                kw.update(initial_state=x["initial_state"].to(dtype), output_final_state=True, final_state=final)
+            results = {}
+            for path in ("compile-time", "k2_ext"):
+                o = torch.full_like(out, float("nan"))
+                if final is not None:
+                    final.fill_(float("nan"))
+                call = lambda: kda_aot.prefill(*(x[n] for n in "qkvg"), x["beta"], out=o, **kw)  # noqa: E731
+                with (forced_k2_ext() if path == "k2_ext" else contextlib.nullcontext()):
+                    ms = time_ms(call, args.iters, args.warmup)
+                    call()
+                    torch.cuda.synchronize()
+                results[path] = (ms, o.clone(), None if final is None else final.clone())
+            (a, oa, fa), (b, ob, fb) = results["compile-time"], results["k2_ext"]
+            same = torch.equal(oa.view(torch.int16), ob.view(torch.int16)) and (
+                fa is None or torch.equal(fa, fb))
+            print(f"  H={H} {shape_key(lens)} {label}: compile-time state I/O {a:.3f} ms, k2_ext {b:.3f} ms "
+                  f"({(b / a - 1) * 100:+.1f} %), outputs {'bitwise equal' if same else 'DIFFER'}", flush=True)
     return 0
 
 

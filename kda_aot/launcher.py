@@ -154,6 +154,17 @@ def uses_k2_ext(problem: Problem) -> bool:
     return problem.pooled or _checkpoints(problem)
 
 
+def _forced_k2_ext(problem: Problem) -> bool:
+    """KDA_K2_EXT=1 sends every serial call of FlashKDA's recipe through k2_ext too, for
+    measurement: k2_ext reads its state pointers at run time where the k2_recurrence variants fix
+    the state I/O at compile time (python -m kda_aot.bench --state-io-cost). Read when a call is
+    planned."""
+    forced = os.environ.get("KDA_K2_EXT", "0")
+    if forced not in ("0", "1"):
+        raise ValueError(f"KDA_K2_EXT: expected 0 or 1, got {forced!r}")
+    return forced == "1" and problem.numerics == "flashkda"
+
+
 def _checkpoint_index(prog: Program, problem: Problem, seq_start: Ref, off) -> None:
     """The checkpoint index table (every C tokens) or the checkpoint table (given offsets), from the
     (clamped) sequence tables: every entry on every call."""
@@ -240,7 +251,7 @@ def serial_launch(lib: KernelLibrary, problem: Problem, sm_count: int, value_spl
     if cap > 0:
         _k1(prog, problem, off, problem.N, cap)
     vb = plan.k2_constants["value_block"]
-    if uses_k2_ext(problem):
+    if uses_k2_ext(problem) or _forced_k2_ext(problem):
         prog.add(k2_kernel_name(lib, f"k2_ext_{_ext_dtype(problem)}_vb{vb}", vb), dict(
             v=Ref("v"), out=Ref("out"), **_workspace_args(off), seq_start=ws(off["seq_start"]),
             tile_prefix=ws(off["tile_prefix"]), seq_order=_seq_order(problem, off), final_slot=NULL,

@@ -89,6 +89,26 @@ def test_k2_kernel_name_takes_a_twin_only_where_it_exists(monkeypatch):
         pick("folded", "k2_in_f32_vb64", 64)
 
 
+def test_kda_k2_ext_forces_k2_ext_only_for_flashkdas_recipe(monkeypatch):
+    """launcher._forced_k2_ext (KDA_K2_EXT, the measurement switch of bench --state-io-cost): on for
+    FlashKDA's recipe only (k2_ext has no accurate variant), off when unset or 0, and any other
+    value is an error naming it."""
+    from types import SimpleNamespace
+
+    from kda_aot import launcher
+
+    default, accurate = SimpleNamespace(numerics="flashkda"), SimpleNamespace(numerics="accurate")
+    monkeypatch.delenv("KDA_K2_EXT", raising=False)
+    assert not launcher._forced_k2_ext(default)
+    monkeypatch.setenv("KDA_K2_EXT", "0")
+    assert not launcher._forced_k2_ext(default)
+    monkeypatch.setenv("KDA_K2_EXT", "1")
+    assert launcher._forced_k2_ext(default) and not launcher._forced_k2_ext(accurate)
+    monkeypatch.setenv("KDA_K2_EXT", "yes")
+    with pytest.raises(ValueError, match="KDA_K2_EXT"):
+        launcher._forced_k2_ext(default)
+
+
 @pytest.mark.parametrize("S, N, H, want", [
     # (segments, sequences, heads) of the CP shapes timed on the H200 (docs/cp_tuning.md, "Per-kernel
     # value splits") -> the fastest (pre_scan split, K2 split) measured for each kernel
