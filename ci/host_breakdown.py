@@ -20,7 +20,7 @@ import torch
 
 import kda_aot
 from kda_aot import api, bench
-from kda_aot.program import pack_inputs
+from kda_aot.plan.program import pack_inputs
 
 
 def per_call(fn, gpu=True):

@@ -16,16 +16,20 @@ from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import __version__, call_plan, frameworks, pending, prefill_args, streams
-from .abi_constants import D
-from .call_plan import CallPlan, UnsafePointers
-from .loader import CudaError, KdaError, get_library, library_dir
-from .program import SLOT, pack_inputs
-from .tensors import TensorDesc, describe
-from .stream_check import check_stream_handle, stream_device
-from .validation import (ALIGNMENT, _host_entries, check_cu_seqlens_host, check_cu_seqlens_values, check_seq_lens,
+from . import __version__
+from .plan import call_plan
+from .intake import frameworks, pending
+from .spec import prefill_args
+from .library import streams
+from .library.abi_constants import D
+from .plan.call_plan import CallPlan, UnsafePointers
+from .library.loader import CudaError, KdaError, get_library, library_dir
+from .plan.program import SLOT, pack_inputs
+from .intake.tensors import TensorDesc, describe
+from .intake.stream_check import check_stream_handle, stream_device
+from .intake.validation import (ALIGNMENT, _host_entries, check_cu_seqlens_host, check_cu_seqlens_values, check_seq_lens,
                          extent_bytes, int_entries, validate_prefill)
-from .workspace import ARENA
+from .plan.workspace import ARENA
 
 
 class Checkpoints(NamedTuple):
@@ -525,8 +529,9 @@ def workspace_size_for(T: int, H: int, *, N: int = 1, varlen: bool = False, cu_d
     """Bytes of workspace for a problem given by its shapes: dense [N, T] (varlen=False) or packed T
     tokens in N sequences (varlen=True, optional host `seq_lens`), H heads, on `sm_count` SMs.
     `checkpoint_k`: checkpoints at given offsets per sequence (0, 1 or 2; checkpoint_offsets' K)."""
-    from . import launcher
-    from .validation import Problem, check_checkpoint_every, parse_cp
+    from .plan import launcher
+    from .intake.validation import check_checkpoint_every
+    from .spec.problem import Problem, parse_cp
 
     for name, value in (("T", T), ("H", H), ("N", N), ("sm_count", sm_count)):
         if type(value) is not int or value < (1 if name in ("H", "sm_count") else 0):

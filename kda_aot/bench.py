@@ -7,14 +7,14 @@ against ours) and cuDNN's Hopper KDA engine (through flashinfer's cuDNN path).
                             [--json FILE [--json-append]] [--md FILE] [--accurate] [--no-accuracy]
                             [--value-split S ...] [--k2-kernel k2|regstate ...]
 
-Method (docs/benchmarks.md): each shape runs on the input classes of kda_aot/input_classes.py named
+Method (docs/benchmarks.md): each shape runs on the input classes of kda_aot/references/input_classes.py named
 by --gates ("model": A_log and dt_bias as FLA's KimiDeltaAttention initialises them, long memory;
 "random": N(0, 1) gates that forget within tens of tokens; "long": g ~ N(-8, 1)), in each gate form
 of --gate-forms ("safe": the bounded sigmoid gate; "softplus"; "log_decay": the safe gate's
 log-decays given as an fp32 g), bf16 initial and final state, median of `iters` CUDA-event timings
 after `warmup` calls. The memory floor is the bytes prefill must move (q, k, v, g, out, beta,
 states) over the device-to-device copy bandwidth measured in the same run. Accuracy: relative RMSE
-of the output and final state against the float64 gold (kda_aot.reference.gold_prefill). Needs
+of the output and final state against the float64 gold (kda_aot.references.reference.gold_prefill). Needs
 torch and a Hopper GPU.
 """
 
@@ -29,7 +29,7 @@ import sys
 import time
 from typing import Callable, List, Optional, Sequence
 
-from . import planner
+from .plan import planner
 
 SERIAL_SUITE = [(H, lens) for H in (64, 96) for lens in ([8192], [1300, 547, 2048, 963, 271, 3063], [1024] * 8)]
 CP_SUITE = [(H, lens) for H in (4, 8) for lens in ([8192], [8192, 2048], [16384])]
@@ -139,7 +139,7 @@ def class_cases(H: int, lens: List[int], cls: str, forms: Sequence[str], seed: i
     q, k, v, beta, gate input and bf16 initial state in every form (input_classes.regate)."""
     import torch
 
-    from . import input_classes
+    from .references import input_classes
 
     base = input_classes.make_class_inputs(cls, 1, sum(lens), H, gate="safe", seed=seed, state="bf16",
                                            n_states=len(lens))
@@ -302,7 +302,7 @@ def graph_runner(x, cu):
 
 def gold_of(x, cu):
     """The float64 gold (output, final state) of a class case."""
-    from . import reference
+    from .references import reference
 
     g = gate_kwargs(x)
     return reference.gold_prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], g["A_log"], g["dt_bias"], g["lower_bound"],
@@ -311,7 +311,7 @@ def gold_of(x, cu):
 
 def errors(result, gold):
     """[output, final state] relative RMSE of `result` against `gold`."""
-    from . import reference
+    from .references import reference
 
     return [reference.rel_rmse(result[0], gold[0]), reference.rel_rmse(result[1], gold[1])]
 
@@ -363,7 +363,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kda_aot.bench", description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--suite", choices=tuple(SUITES), default="peers")
     parser.add_argument("--gates", nargs="+", choices=GATE_CLASSES, default=["model", "random"],
-                        help="input classes of kda_aot/input_classes.py, each shape runs on each")
+                        help="input classes of kda_aot/references/input_classes.py, each shape runs on each")
     parser.add_argument("--gate-forms", nargs="+", choices=GATE_FORMS, default=["safe", "softplus", "log_decay"],
                         help="gate forms of kda_aot.prefill; forms other than safe time kda-aot, FLA and cuDNN only")
     parser.add_argument("--shapes", nargs="+", default=None, metavar="H:LENS",

@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     print(f"kda-aot {kda_aot.__version__}: KDA prefill, H={H}, packed sequences {lens}, bf16 states")
     if reason:
         return _cpu_reference(reason, lens, H)
-    from kda_aot import reference
+    from kda_aot.references import reference
 
     x = reference.make_inputs(lens, H, seed=0, device="cpu", state="bf16")
     gold_o, gold_s = reference.gold_prefill(**x)
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
 
 def _cpu_reference(reason: str, lens, H: int) -> int:
     """No GPU here: the NumPy emulation of the recipe against the NumPy float64 gold."""
-    from kda_aot import reference_np
+    from kda_aot.references import reference_np
 
     x = reference_np.make_inputs(lens, H, seed=0, state="bf16")
     t0 = time.perf_counter()
@@ -118,7 +118,7 @@ def _cpu_reference(reason: str, lens, H: int) -> int:
 def _gpu_checks(kda_aot, reference, x_cpu, lens, H, gold_o, gold_s, recipe_o, recipe_s) -> int:
     import torch
 
-    from kda_aot.loader import get_library
+    from kda_aot.library.loader import get_library
 
     x = {k: (v.cuda() if torch.is_tensor(v) else v) for k, v in x_cpu.items()}
     kw = {k: x[k] for k in ("A_log", "dt_bias", "lower_bound", "scale", "initial_state", "cu_seqlens")}

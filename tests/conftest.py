@@ -38,7 +38,7 @@ def gpu_unavailable_reason():
     major, _ = torch.cuda.get_device_capability()
     if major != 9:
         return f"kernels are built for sm_90a; this device is sm_{major}x"
-    from kda_aot.loader import KdaError, get_library
+    from kda_aot.library.loader import KdaError, get_library
 
     try:
         if get_library().device_count() == 0:
@@ -59,8 +59,8 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def gpu_approx():
     """The kernels' PTX approximations and tensor-core products for the GPU reference's `approx=`."""
-    from kda_aot.loader import get_library
-    from kda_aot.reference import KernelApprox
+    from kda_aot.library.loader import get_library
+    from kda_aot.references.reference import KernelApprox
 
     return KernelApprox(get_library())
 

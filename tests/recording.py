@@ -10,10 +10,11 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from kda_aot import api, streams
-from kda_aot.loader import get_library
-from kda_aot.program import INPUTS, N_INPUTS, SLOT_DTYPE, STEP_DTYPE
-from kda_aot.tensors import TensorDesc
+from kda_aot import api
+from kda_aot.library import streams
+from kda_aot.library.loader import get_library
+from kda_aot.plan.program import INPUTS, N_INPUTS, SLOT_DTYPE, STEP_DTYPE
+from kda_aot.intake.tensors import TensorDesc
 
 
 class Launch:

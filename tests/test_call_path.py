@@ -13,8 +13,9 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from recording import Recorder, call, device_buffer, fresh, problem_args  # noqa: E402
 
-from kda_aot import api, launcher  # noqa: E402
-from kda_aot.tensors import TensorDesc  # noqa: E402
+from kda_aot import api  # noqa: E402
+from kda_aot.plan import launcher
+from kda_aot.intake.tensors import TensorDesc  # noqa: E402
 
 
 @pytest.fixture
@@ -176,7 +177,7 @@ def test_cp_auto_cuts_on_the_device(rec, hint):
     """H=8 [8192, 2048]: the device builds the segment tables, with the host plan's cut when a
     hint is given and device_plan's otherwise (12 + 3 segments of at most 43 tiles either way);
     120 (segment, head) pairs at VB=128 run the register-state K2 (planner.k2_kernel)."""
-    from kda_aot import cp_plan
+    from kda_aot.plan import cp_plan
 
     lens = [8192, 2048]
     x = problem_args(lens=lens, H=8, state="float32")
@@ -209,7 +210,7 @@ def test_pointer_sweep_matches_pairwise_overlap():
     """check_pointers' address-order sweep against the plain pairwise rule, on random layouts."""
     import random
 
-    from kda_aot.call_plan import CallPlan, UnsafePointers
+    from kda_aot.plan.call_plan import CallPlan, UnsafePointers
 
     rng = random.Random(5)
     for _ in range(3000):
@@ -235,8 +236,8 @@ def test_pointer_sweep_matches_pairwise_overlap():
 
 
 def test_a_non_hopper_device_is_refused_before_launch(rec, monkeypatch):
-    from kda_aot import streams
-    from kda_aot.loader import KdaError
+    from kda_aot.library import streams
+    from kda_aot.library.loader import KdaError
 
     monkeypatch.setattr(streams, "compute_capability", lambda device_id: (8, 0))
     x = problem_args(T=32, H=1)

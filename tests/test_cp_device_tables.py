@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from kda_aot import cp_plan
-from kda_aot.cp_plan import NotSplittableError, device_plan, device_segment_tables, plan_prefill
+from kda_aot.plan import cp_plan
+from kda_aot.plan.cp_plan import NotSplittableError, device_plan, device_segment_tables, plan_prefill
 
 I32_MAX = 2 ** 31 - 1
 

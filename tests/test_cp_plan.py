@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from kda_aot import cp_plan
-from kda_aot.cp_plan import NotSplittableError, plan_prefill
+from kda_aot.plan import cp_plan
+from kda_aot.plan.cp_plan import NotSplittableError, plan_prefill
 
 
 def _ceil_div(a, b):

@@ -44,8 +44,9 @@ class _Problem:
     """Inputs, segment tables, K1 workspace (run with the segment tables)."""
 
     def __init__(self, lib, segs, H, lower_bound, seed=11):
-        from kda_aot import launcher, planner, reference
-        from kda_aot.workspace import workspace_layout
+        from kda_aot.plan import launcher, planner
+        from kda_aot.references import reference
+        from kda_aot.plan.workspace import workspace_layout
 
         self.lib, self.H = lib, H
         seg_lens = [n for seq in segs for n in seq]
@@ -108,7 +109,7 @@ class _Problem:
             p["tile_prefix"], scan_t.data_ptr(), b.data_ptr(), m.data_ptr(), len(self.scan) + idle, self.H,
             self.cap, *_v_strides(self.H), self.stream)
         torch.cuda.synchronize()
-        from kda_aot.reference import m_seg_swizzle
+        from kda_aot.references.reference import m_seg_swizzle
 
         return b, m_seg_swizzle(m)  # pre_scan writes m_seg column-swizzled; the tests read M_j
 
@@ -143,7 +144,7 @@ def _need(lib, *names):
 @pytest.mark.parametrize("lower_bound", [-5.0, -0.02])
 @pytest.mark.parametrize("case", list(CASES))
 def test_pre_scan(case, lower_bound, vb):
-    from kda_aot.loader import get_library
+    from kda_aot.library.loader import get_library
 
     lib = get_library()
     _need(lib, "seq_tables_int32", "k1_prepare", f"cp_pre_scan_vb{vb}", f"k2_out_f32_vb{vb}",
@@ -214,7 +215,7 @@ def test_pre_scan(case, lower_bound, vb):
 def test_idle_ctas(vb):
     """CTAs with nothing to do exit at once and change nothing: pre_scan entries -1, and
     k2_segments padding segments (empty, final_slot -1, carries left NaN) after the real ones."""
-    from kda_aot.loader import get_library
+    from kda_aot.library.loader import get_library
 
     lib = get_library()
     _need(lib, "seq_tables_int32", "k1_prepare", f"cp_pre_scan_vb{vb}", f"k2_segments_f32_vb{vb}")

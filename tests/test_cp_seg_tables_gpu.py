@@ -6,7 +6,7 @@ table that must stay untouched."""
 import numpy as np
 import pytest
 
-from kda_aot import cp_plan
+from kda_aot.plan import cp_plan
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
@@ -21,7 +21,7 @@ def _run(cu, t_total, params, kind):
     six tables as lists and checks the guard words."""
     import torch
 
-    from kda_aot.loader import get_library
+    from kda_aot.library.loader import get_library
 
     seg_len, max_count, min_tiles, S = params
     n_seq = cu[0] if kind == "dense" else len(cu) - 1

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from kda_aot.dist_plan import KINDS, plan_rank, segment_starts, transfer_segments
+from kda_aot.plan.dist_plan import KINDS, plan_rank, segment_starts, transfer_segments
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -112,9 +112,9 @@ def test_transfer_program_wires_k1_and_pre_scan_over_every_segment(monkeypatch, 
     sys.path.insert(0, os.path.dirname(__file__))
     from recording import Recorder
 
-    from kda_aot import planner
-    from kda_aot.program import INPUTS, pack_inputs
-    from kda_aot.transfer import transfer_program
+    from kda_aot.plan import planner
+    from kda_aot.plan.program import INPUTS, pack_inputs
+    from kda_aot.plan.transfer import transfer_program
 
     rec = Recorder(monkeypatch)
     transfer_program.cache_clear()
@@ -242,7 +242,8 @@ def test_entry_state_chains_carries_like_float64():
 
 
 def test_fold_transfers_and_unswizzle():
-    from kda_aot import distributed, reference
+    from kda_aot import distributed
+    from kda_aot.references import reference
 
     gen = torch.Generator().manual_seed(1)
     M = torch.randn(3, 2, 128, 128, generator=gen) / 12
@@ -276,7 +277,7 @@ def test_ieee_fp32_restores_the_callers_setting():
 # the whole call, with the float64 gold as every rank's local prefill
 
 def _gold_engine(calls):
-    from kda_aot import reference
+    from kda_aot.references import reference
 
     def fake_prefill(q, k, v, g, beta, *, A_log, dt_bias, lower_bound, scale, cp, initial_state=None,
                      cu_seqlens=None, seq_lens=None, out=None, output_final_state=False, final_state=None):
@@ -310,7 +311,7 @@ def _gold_engine(calls):
 def _long_memory_inputs(lens, H, seed):
     """float64 copies of bf16 inputs with g ~ N(-8, 1): state kept over the whole batch, so a
     wrong or skipped carry shows."""
-    from kda_aot import reference
+    from kda_aot.references import reference
 
     x = reference.make_inputs(list(lens), H, seed=seed, state="fp32")
     gen = torch.Generator().manual_seed(seed + 7)
@@ -332,7 +333,8 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("with_initial", [True, False])
 def test_prefill_plumbing_equals_whole_batch_gold(monkeypatch, name, with_initial):
-    from kda_aot import distributed, reference
+    from kda_aot import distributed
+    from kda_aot.references import reference
 
     lens, cuts = CASES[name]
     H = 2

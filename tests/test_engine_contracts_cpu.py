@@ -12,8 +12,9 @@ from typing import Optional
 
 import pytest
 
-from kda_aot import api, call_plan, program
-from kda_aot.validation import ALIGNMENT, extent_bytes, validate_prefill
+from kda_aot import api
+from kda_aot.plan import call_plan, program
+from kda_aot.intake.validation import ALIGNMENT, extent_bytes, validate_prefill
 
 sys.path.insert(0, str(Path(__file__).parent))  # the sibling helpers below, when run on its own
 from test_validation import desc, make_args, replace  # noqa: E402
@@ -491,7 +492,8 @@ def stand_in(monkeypatch):
 
 def test_flashkda_fwd_passes_checkpoints_and_strided_views_through(stand_in):
     torch = _torch()
-    from kda_aot import flashkda_compat as fk, reference
+    from kda_aot import flashkda_compat as fk
+    from kda_aot.references import reference
 
     x = reference.make_inputs([20, 12], 2, seed=3, state="fp32")
     T, H = x["q"].shape[1], 2
@@ -511,7 +513,8 @@ def test_flashkda_fwd_passes_checkpoints_and_strided_views_through(stand_in):
 
 def test_flashkda_op_declares_checkpoint_state_written_and_runs_without_it(stand_in):
     torch = _torch()
-    from kda_aot import flashkda_compat as fk, reference
+    from kda_aot import flashkda_compat as fk
+    from kda_aot.references import reference
 
     x = reference.make_inputs([10, 6], 2, seed=4, state="fp32")
     out = torch.empty_like(x["q"])
@@ -553,7 +556,7 @@ def test_version_bump_of_omitted_trailing_written_arguments():
 def test_torch_prefill_routes_the_checkpoints(stand_in):
     torch = _torch()
     import kda_aot.torch as kt
-    from kda_aot import reference
+    from kda_aot.references import reference
 
     x = reference.make_inputs([16, 16], 2, seed=5, state=None)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])

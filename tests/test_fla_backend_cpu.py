@@ -26,7 +26,8 @@ torch = pytest.importorskip("torch")
 sys.path.insert(0, os.path.dirname(__file__))
 from torch_stand_ins import Recording  # noqa: E402
 
-from kda_aot import api, reference  # noqa: E402
+from kda_aot import api  # noqa: E402
+from kda_aot.references import reference
 from kda_aot import fla_backend  # noqa: E402
 
 D = 128

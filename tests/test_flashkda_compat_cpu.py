@@ -17,7 +17,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from torch_stand_ins import StandIn, gold  # noqa: E402
 
 import kda_aot  # noqa: E402
-from kda_aot import api, flashkda_compat as fk, reference  # noqa: E402
+from kda_aot import api, flashkda_compat as fk  # noqa: E402
+from kda_aot.references import reference
 
 D = 128
 
@@ -200,7 +201,7 @@ def test_get_workspace_size_bounds_every_smaller_call(T_max, H, N_max, sm, cp):
 
 
 def test_get_workspace_size_cp_default_sm_count_and_refusals(monkeypatch):
-    from kda_aot import streams
+    from kda_aot.library import streams
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(streams, "sm_count", lambda device_id: 78)

@@ -28,7 +28,7 @@ CASES = {
 
 
 def _case(name, seed=0):
-    from kda_aot import reference
+    from kda_aot.references import reference
 
     shape, H, state, has_in, has_out = CASES[name]
     x = reference.make_inputs(shape, H, seed=seed, device="cuda", state=state or "fp32",
@@ -73,7 +73,8 @@ def test_one_workspace_for_the_maxima_serves_smaller_calls_with_prefix_slices():
     """vLLM's prefill step: out and final_state are prefix slices of buffers sized for the
     scheduler's maxima, and the workspace comes from get_workspace_size(max tokens, H, max seqs)."""
     import kda_aot
-    from kda_aot import flashkda_compat as fk, reference
+    from kda_aot import flashkda_compat as fk
+    from kda_aot.references import reference
 
     T_max, H, N_max = 8192, 8, 16
     ws = torch.empty(fk.get_workspace_size(T_max, H, N_max), dtype=torch.uint8, device="cuda")
@@ -96,8 +97,9 @@ def test_one_workspace_for_the_maxima_serves_smaller_calls_with_prefix_slices():
 
 def test_cp_workspace_bound_serves_split_calls():
     import kda_aot
-    from kda_aot import flashkda_compat as fk, reference
-    from kda_aot.streams import sm_count
+    from kda_aot import flashkda_compat as fk
+    from kda_aot.references import reference
+    from kda_aot.library.streams import sm_count
 
     H = 2
     ws = torch.empty(fk.get_workspace_size(32768, H, 4, cp="auto"), dtype=torch.uint8, device="cuda")

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import kda_aot
-from kda_aot import frameworks
-from kda_aot.dlpack_export import KDL_CPU, KDL_CUDA, DLPackExport, live_exports
-from kda_aot.tensors import describe
+from kda_aot.intake import frameworks
+from kda_aot.intake.dlpack_export import KDL_CPU, KDL_CUDA, DLPackExport, live_exports
+from kda_aot.intake.tensors import describe
 
 
 def _export(a, **kw):

@@ -30,7 +30,7 @@ def _host(t):
 
 def _torch_case(seed):
     import kda_aot
-    from kda_aot import reference
+    from kda_aot.references import reference
 
     x = reference.make_inputs(LENS, H, seed=seed, device="cuda", state="fp32")
     o, s = kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
@@ -58,7 +58,7 @@ def _same_bits(a, b):
 @pytest.fixture
 def launches(monkeypatch):
     """The stream handle of every program run (the last of kda_run's packed pointers)."""
-    from kda_aot import program
+    from kda_aot.plan import program
 
     seen, run = [], program.Program.run
 
@@ -128,7 +128,7 @@ def test_cupy_out_in_place_and_explicit_stream(cupy, launches):
 def test_cupy_arena_keeps_one_workspace_per_stream(cupy):
     """Callers without torch get their workspace from the arena, one buffer per (device, stream):
     two CuPy streams used in turn each keep theirs, and both give the torch path's bits."""
-    from kda_aot.workspace import ARENA
+    from kda_aot.plan.workspace import ARENA
 
     host, lb, want_o, want_s = _torch_case(4)
     streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
@@ -172,8 +172,8 @@ def test_cupy_streams_destroyed_before_the_arena_is_freed(cupy):
 
 @pytest.mark.parametrize("name", ["out", "final_state"])
 def test_read_only_output_is_refused_and_left_untouched(name):
-    from kda_aot import reference
-    from kda_aot.dlpack_export import KDL_CUDA, DLPackExport
+    from kda_aot.references import reference
+    from kda_aot.intake.dlpack_export import KDL_CUDA, DLPackExport
 
     x = reference.make_inputs(LENS, H, seed=5, device="cuda", state="fp32")
     n = len(LENS)
@@ -210,8 +210,8 @@ def _jax_inputs(jax, host):
 
 
 def test_jax_in_jax_out_equals_the_torch_path(jax, launches):
-    from kda_aot import dlpack_export
-    from kda_aot.stream_check import stream_device
+    from kda_aot.intake import dlpack_export
+    from kda_aot.intake.stream_check import stream_device
 
     streams = []
     for seed in (6, 7):
@@ -237,7 +237,7 @@ def test_jax_outputs_ordered_after_a_slow_stream(jax, monkeypatch):
     did not wait for them would see the poison."""
     from cuda.bindings import driver
 
-    from kda_aot import frameworks
+    from kda_aot.intake import frameworks
 
     init = frameworks._DeviceOutput.__init__
 
@@ -260,7 +260,7 @@ def test_jax_outputs_ordered_after_a_slow_stream(jax, monkeypatch):
 
 def test_jax_outputs_are_freed_after_jax_lets_go(jax):
     import kda_aot
-    from kda_aot import dlpack_export, pending
+    from kda_aot.intake import dlpack_export, pending
 
     host, lb, _, _ = _torch_case(9)
     kda_aot.empty_cache()

@@ -1,4 +1,4 @@
-"""CPU tests of the gate and beta forms (kda_aot/gate_forms.py, docs/gate_forms.md): the validation
+"""CPU tests of the gate and beta forms (kda_aot/spec/gate_forms.py, docs/gate_forms.md): the validation
 wall's rules for each form, the K1 each form runs, and the float64 reference's forms against
 hand-written formulas. No GPU needed."""
 
@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from kda_aot import gate_forms
-from kda_aot.gate_forms import BETA_FORMS, GATES, Form, k1_kernel
-from kda_aot.validation import validate_prefill
+from kda_aot.spec import gate_forms
+from kda_aot.spec.gate_forms import BETA_FORMS, GATES, Form, k1_kernel
+from kda_aot.intake.validation import validate_prefill
 
 from test_validation import make_args, replace
 
@@ -149,7 +149,7 @@ def test_every_form_has_its_k1_in_the_registry():
 
 def _small_inputs(seed=0, T=40, H=2):
     torch = pytest.importorskip("torch")
-    from kda_aot import reference
+    from kda_aot.references import reference
 
     inp = reference.make_inputs((1, T), H, seed, state="fp32")
     return torch, reference, inp

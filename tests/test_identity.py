@@ -1,5 +1,5 @@
-"""CPU tests of the library identity check (kda_aot/identity.py), the generated ABI record
-(kda_aot/_abi.py) and the alignment table the build writes to the manifest."""
+"""CPU tests of the library identity check (kda_aot/library/identity.py), the generated ABI record
+(kda_aot/library/_abi.py) and the alignment table the build writes to the manifest."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ sys.path.append(str(ROOT))  # build_kernels lives only in the source tree (appen
 from build_kernels import abi  # noqa: E402
 from build_kernels import abi_constants as build_constants  # noqa: E402
 from build_kernels.registry import all_variants  # noqa: E402
-from kda_aot import abi_constants, identity, loader  # noqa: E402
-from kda_aot.abi_hash import abi_hash  # noqa: E402
-from kda_aot.validation import ALIGNMENT  # noqa: E402
+from kda_aot.library import abi_constants, identity, loader  # noqa: E402
+from kda_aot.library.abi_hash import abi_hash  # noqa: E402
+from kda_aot.intake.validation import ALIGNMENT  # noqa: E402
 REVISION = "0123456789ab"
 
 
@@ -52,9 +52,9 @@ def kernel_index(m, name):
 # The package's own record matches the registry
 
 def test_abi_module_is_generated_from_the_registry():
-    text = (ROOT / "kda_aot" / "_abi.py").read_text()
+    text = (ROOT / "kda_aot" / "library" / "_abi.py").read_text()
     assert text == abi.render_abi_module(all_variants()), (
-        "kda_aot/_abi.py is stale: run python -m build_kernels.abi --write")
+        "kda_aot/library/_abi.py is stale: run python -m build_kernels.abi --write")
 
 
 def test_manifest_alignment_table_is_what_validation_uses():
@@ -94,13 +94,15 @@ def test_identity_fields(changes, match):
 
 
 # --------------------------------------------------------------------------------------------
-# Constants: declared by the build (build_kernels/abi_constants.py), generated into kda_aot/_abi.py,
+# Constants: declared by the build (build_kernels/abi_constants.py), generated into kda_aot/library/_abi.py,
 # recorded in the manifest and checked
 
 def test_the_runtime_reads_the_constants_the_build_declares():
     """The generated copy holds the build's values (and _abi.py is fresh: test_abi_module_is_generated_from_the_registry),
-    and the runtime modules read them from kda_aot.abi_constants instead of keeping their own."""
-    from kda_aot import _abi, cp_plan, planner, validation, workspace
+    and the runtime modules read them from kda_aot.library.abi_constants instead of keeping their own."""
+    from kda_aot.library import _abi
+    from kda_aot.plan import cp_plan, planner, workspace
+    from kda_aot.intake import validation
 
     for name in build_constants.RUNTIME_NAMES:
         assert getattr(_abi, name) == getattr(build_constants, name), name

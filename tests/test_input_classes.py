@@ -1,4 +1,4 @@
-"""The benchmark's and tests' input classes (kda_aot/input_classes.py), on the CPU: each class's
+"""The benchmark's and tests' input classes (kda_aot/references/input_classes.py), on the CPU: each class's
 statistics, the gate parameters FLA's layer draws, bf16-exact values, determinism by seed."""
 
 import subprocess
@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kda_aot import input_classes as ic
+from kda_aot.references import input_classes as ic
 
 B, T, H = 2, 256, 4
 
@@ -172,6 +172,6 @@ def test_gate_params_refuses_log_decay():
 
 
 def test_importing_it_imports_no_torch():
-    code = "import sys, kda_aot.input_classes; print('torch' in sys.modules)"
+    code = "import sys, kda_aot.references.input_classes; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 import kda_aot
-from kda_aot import identity, loader
+from kda_aot.library import identity, loader
 
 
 def test_library_matches_manifest():

@@ -22,11 +22,14 @@ def test_log2e_is_written_once():
     hits = [p.relative_to(ROOT).as_posix() for p in _tracked((".py", ".c", ".h", ".cu"))
             if "1.4426950408889634" in p.read_text(errors="replace") and not p.name.startswith("test_")]
     # declared by the build, rendered into the runtime's generated _abi.py (abi --check keeps it fresh)
-    assert sorted(hits) == ["build_kernels/abi_constants.py", "kda_aot/_abi.py"], hits
+    assert sorted(hits) == ["build_kernels/abi_constants.py", "kda_aot/library/_abi.py"], hits
 
 
 def test_restated_constants_are_the_abi_constants():
-    from kda_aot import abi_constants, api, dist_plan, launcher, program, reference_np
+    from kda_aot.library import abi_constants
+    from kda_aot import api
+    from kda_aot.plan import dist_plan, launcher, program
+    from kda_aot.references import reference_np
 
     assert dist_plan.CHUNK is abi_constants.CHUNK and program.MAX_SLOTS is abi_constants.MAX_SLOTS
     assert launcher.LOG2E is abi_constants.LOG2E and reference_np.LOG2E is abi_constants.LOG2E
@@ -36,7 +39,8 @@ def test_restated_constants_are_the_abi_constants():
 
 def test_the_torch_reference_reads_the_same_log2e():
     pytest.importorskip("torch")
-    from kda_aot import abi_constants, reference
+    from kda_aot.library import abi_constants
+    from kda_aot.references import reference
 
     assert reference.LOG2E is abi_constants.LOG2E
 
@@ -56,7 +60,10 @@ def test_prefill_tensor_arguments_are_declared_once():
     import inspect
     import textwrap
 
-    from kda_aot import api, prefill_args, program, validation
+    from kda_aot import api
+    from kda_aot.spec import prefill_args
+    from kda_aot.plan import program
+    from kda_aot.intake import validation
 
     names = prefill_args.NAMES
     assert api._TENSOR_ARGS == names + ("workspace",) and program.INPUTS == names + ("workspace", "stream")

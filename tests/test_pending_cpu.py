@@ -1,10 +1,10 @@
-"""kda_aot/pending.py's bookkeeping with stand-in events: an action runs once its event completed,
+"""kda_aot/intake/pending.py's bookkeeping with stand-in events: an action runs once its event completed,
 never before, poll never waits, drain waits for every event (the device side is covered by
 tests/test_frameworks_gpu.py)."""
 
 import pytest
 
-from kda_aot import pending
+from kda_aot.intake import pending
 
 
 class FakeEvent:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from kda_aot import planner
+from kda_aot.plan import planner
 
 
 @pytest.mark.parametrize("T,N,varlen,want", [
@@ -59,7 +59,7 @@ def test_k2_kernel_name_takes_a_twin_only_where_it_exists(monkeypatch):
     KDA_K2_KERNEL is an error naming it."""
     from types import SimpleNamespace
 
-    from kda_aot import launcher
+    from kda_aot.plan import launcher
 
     lib = SimpleNamespace(kernels={n: None for n in ("k2_regstate_in_f32_vb64", "k2_regstate_segments_bf16_vb128",
                                                      "k2_regstate_in_bf16_vb64_acc",

@@ -24,7 +24,7 @@ RESULTS = ("o", "o2", "s", "s2", "ht", "final_state")
 
 # Counts the kernel-sequence runs (each is one kda_run of the whole call) before the block runs.
 PROLOGUE = """
-import kda_aot.program as _kda_program
+import kda_aot.plan.program as _kda_program
 _RUNS = []
 _kda_run = _kda_program.Program.run
 def _counting_run(self, inputs):

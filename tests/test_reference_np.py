@@ -1,11 +1,11 @@
-"""The NumPy references (kda_aot/reference_np.py), which the CPU tests and the demo's CPU path use
+"""The NumPy references (kda_aot/references/reference_np.py), which the CPU tests and the demo's CPU path use
 so that neither needs torch: the chunked algebra against the per-token gold, the rounding recipe's
 error against the gold, packing, and, where torch is installed, agreement with reference.py."""
 
 import numpy as np
 import pytest
 
-from kda_aot import reference_np as N
+from kda_aot.references import reference_np as N
 
 CASES = [((2, 50), 2, "fp32"), ([40, 17, 0, 33], 2, "bf16"), ([16, 1, 31], 1, None)]
 
@@ -58,7 +58,7 @@ def test_agrees_with_the_torch_reference():
     torch = pytest.importorskip("torch", reason="reference.py (the torch reference) needs torch")
     import ml_dtypes
 
-    from kda_aot import reference as R
+    from kda_aot.references import reference as R
 
     x = R.make_inputs([40, 17, 0, 33], 2, seed=5, state="bf16")
 

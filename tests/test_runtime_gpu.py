@@ -16,7 +16,7 @@ SHAPES = {
 
 
 def _inputs(lens, H, seed, state="fp32"):
-    from kda_aot import reference
+    from kda_aot.references import reference
 
     return reference.make_inputs(lens, H, seed=seed, device="cuda", state=state)
 
@@ -154,7 +154,7 @@ def test_explicit_stream_argument_with_allocated_outputs():
 
 def test_memory_is_flat_over_fresh_calls_and_empty_cache_frees():
     import kda_aot
-    from kda_aot.workspace import ARENA
+    from kda_aot.plan.workspace import ARENA
 
     x = _inputs([40, 24], 2, seed=30)
     _call(x)

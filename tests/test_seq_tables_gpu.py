@@ -5,7 +5,7 @@ cp_plan.device_seq_tables, with nothing written past the [N+1] tables."""
 import numpy as np
 import pytest
 
-from kda_aot import cp_plan
+from kda_aot.plan import cp_plan
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 
@@ -31,7 +31,7 @@ def _run_varlen(cu_values, t_total, cu_dtype):
     """seq_tables_<cu_dtype> on cu_values; returns (seq_start, tile_prefix) and checks the guards."""
     import torch
 
-    from kda_aot.loader import get_library
+    from kda_aot.library.loader import get_library
 
     cu = torch.tensor(np.asarray(cu_values, dtype=np.int64), dtype=cu_dtype, device="cuda")
     n = len(cu_values) - 1
@@ -112,7 +112,7 @@ def test_varlen_tables_clamp_any_content(wide):
 def test_dense_tables(n, T):
     import torch
 
-    from kda_aot.loader import get_library
+    from kda_aot.library.loader import get_library
 
     start = torch.full((n + 1 + GUARD,), POISON, dtype=torch.int32, device="cuda")
     prefix = torch.full((n + 1 + GUARD,), POISON, dtype=torch.int32, device="cuda")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kda_aot.api import check_state_indices_host
-from kda_aot.validation import validate_prefill
+from kda_aot.intake.validation import validate_prefill
 
 sys.path.insert(0, str(Path(__file__).parent))  # the sibling helpers below, when run on its own
 from test_validation import desc, make_args  # noqa: E402
@@ -149,7 +149,7 @@ def test_host_index_check():
 
 def test_workspace_size_for_checkpoints_and_layout():
     import kda_aot
-    from kda_aot.workspace import cp_layout
+    from kda_aot.plan.workspace import cp_layout
 
     base = kda_aot.workspace_size_for(8192, 8, N=2, varlen=True, seq_lens=[6000, 2192], cp="on")
     with_ck = kda_aot.workspace_size_for(8192, 8, N=2, varlen=True, seq_lens=[6000, 2192], cp="on",

@@ -2,7 +2,7 @@
 
 import pytest
 
-from kda_aot.stream_check import DEFAULT_STREAMS, check_stream_handle
+from kda_aot.intake.stream_check import DEFAULT_STREAMS, check_stream_handle
 
 
 class FakeDriver:
@@ -70,7 +70,7 @@ def test_numpy_integer_handle():
 def test_real_query_without_a_driver_is_an_invalid_stream():
     """Here (no NVIDIA driver) the real query fails cleanly: the check reports it, no crash."""
     pytest.importorskip("cuda.bindings")
-    from kda_aot.stream_check import stream_device
+    from kda_aot.intake.stream_check import stream_device
 
     try:
         stream_device(0x1000)

@@ -20,7 +20,7 @@ NAMES = ("q", "k", "v", "g", "beta")
 
 
 def _inputs(shape, H, seed):
-    from kda_aot import reference
+    from kda_aot.references import reference
 
     return reference.make_inputs(shape, H, seed=seed, device="cuda", state="fp32")
 
@@ -140,9 +140,9 @@ def test_strided_views_equal_contiguous_copies(layout, case, numerics, cp):
 @pytest.mark.parametrize("cp", ["off", 4])
 @pytest.mark.parametrize("numerics", ["flashkda", "accurate"])
 def test_strided_fp32_log_decay_gate(numerics, cp):
-    """gate="log_decay" with an fp32 g (kda_aot.input_classes' "logdecay" class) as a head-strided
+    """gate="log_decay" with an fp32 g (kda_aot.references.input_classes' "logdecay" class) as a head-strided
     slice of an fp32 [T, 2H, 128] tensor, q, k, v packed, beta a column slice."""
-    from kda_aot import input_classes
+    from kda_aot.references import input_classes
 
     lens, H = [1800, 33, 2300], 2
     T = sum(lens)

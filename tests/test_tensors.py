@@ -2,13 +2,13 @@
 
 import pytest
 
-from kda_aot.tensors import TensorDesc, describe, describe_dlpack
+from kda_aot.intake.tensors import TensorDesc, describe, describe_dlpack
 
 try:
     import torch
 except ImportError:  # the DLPack-only tests below run without it
     torch = None
-# The torch fast path's own tests (kda_aot/tensors.py _describe_torch) need torch.
+# The torch fast path's own tests (kda_aot/intake/tensors.py _describe_torch) need torch.
 needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed (tests of the torch fast path)")
 
 
@@ -84,7 +84,7 @@ def test_numpy_unknown_dtype_is_refused_by_name():
 
 
 def test_itemsize_is_total():
-    from kda_aot import dtypes
+    from kda_aot.intake import dtypes
 
     sizes = {"bfloat16": 2, "float32": 4, "int64": 8, "bool": 1, "float8_e4m3fn": 1, "uint16": 2,
              "uint32": 4, "complex64": 8, "complex128": 16, "float4_e2m1fn": 1, "": 1, "?": 1}

@@ -22,7 +22,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 import kda_aot  # noqa: E402
 import kda_aot.torch as kt  # noqa: E402
-from kda_aot import api, reference  # noqa: E402
+from kda_aot import api  # noqa: E402
+from kda_aot.references import reference
 
 D = 128
 

@@ -1,4 +1,4 @@
-"""CPU tests of the validation wall (kda_aot.validation); no GPU needed.
+"""CPU tests of the validation wall (kda_aot.intake.validation); no GPU needed.
 
 Tensors are hand-built TensorDescs with contiguous strides and fake, well-aligned, disjoint
 device pointers; each bad-input test changes one argument and checks the exception type and
@@ -13,8 +13,8 @@ import math
 
 import pytest
 
-from kda_aot.tensors import TensorDesc
-from kda_aot.validation import (
+from kda_aot.intake.tensors import TensorDesc
+from kda_aot.intake.validation import (
     ALIGNMENT,
     DEFAULT_SCALE,
     Problem,
@@ -213,7 +213,7 @@ def test_read_only_is_part_of_the_description():
 
 def test_real_cpu_torch_tensor_is_rejected():
     torch = pytest.importorskip("torch")
-    from kda_aot.tensors import describe
+    from kda_aot.intake.tensors import describe
 
     args = make_args(B=1, T=16, H=2)
     args["q"] = describe(torch.zeros(1, 16, 2, 128, dtype=torch.bfloat16), "q")
@@ -624,25 +624,25 @@ def test_cu_values_numpy():
 # The module stays framework-free
 
 def test_validation_module_imports_no_framework():
-    """validation.py with what it imports of the package (abi_constants.py), but without the
-    package's __init__ (whose other modules need cuda.core), imports no framework, so the wall can
-    run and be tested anywhere. The package is stood in for by an empty module with the package's
-    path, so validation's relative imports resolve to the real sibling files. Only what the import
+    """intake/validation.py with what it imports of the package (library/abi_constants.py, spec/),
+    but without the package's __init__ (whose other modules need cuda.core), imports no framework,
+    so the wall can run and be tested anywhere. The package is stood in for by an empty module with
+    the package's path, so validation's relative imports resolve to the real files. Only what the import
     itself brings in counts: site hooks may load packages at interpreter start (cuda-bindings 12.9
     installs a .pth that imports its module redirector)."""
     import subprocess
     import sys
     from pathlib import Path
 
-    import kda_aot.validation as mod
+    import kda_aot.intake.validation as mod
 
-    package_dir = str(Path(mod.__file__).parent)
+    package_dir = str(Path(mod.__file__).parents[1])
     code = ("import importlib, sys, types; "
             "pkg = types.ModuleType('kda_aot'); "
             f"pkg.__path__ = [{package_dir!r}]; "
             "sys.modules['kda_aot'] = pkg; "
             "before = set(sys.modules); "
-            "importlib.import_module('kda_aot.validation'); "
+            "importlib.import_module('kda_aot.intake.validation'); "
             "bad = sorted(m for m in set(sys.modules) - before if m.split('.')[0] in "
             "('torch', 'cuda', 'numpy', 'cupy', 'jax')); "
             "assert not bad, bad")

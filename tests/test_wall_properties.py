@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kda_aot.tensors import TensorDesc
-from kda_aot.validation import validate_prefill
+from kda_aot.intake.tensors import TensorDesc
+from kda_aot.intake.validation import validate_prefill
 
 D = 128
 NAMES = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "out", "initial_state", "final_state", "cu_seqlens")

@@ -27,9 +27,9 @@ import functools
 from typing import NamedTuple
 
 from . import planner
-from .abi_constants import D
+from ..library.abi_constants import D
 from .launcher import WS_REGIONS, gate_constant
-from .loader import KernelLibrary
+from ..library.loader import KernelLibrary
 from .program import NULL, STREAM, Program, Ref, ws
 from .workspace import workspace_layout
 

@@ -36,7 +36,7 @@ from typing import Optional
 
 import numpy as np
 
-from .abi_constants import D
+from ..library.abi_constants import D
 
 CLASSES = ("random", "model", "long", "heavy", "logdecay")
 GATES = ("safe", "sigmoid", "softplus", "log_decay")

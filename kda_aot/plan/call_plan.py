@@ -17,11 +17,12 @@ from functools import reduce
 from operator import itemgetter, or_
 from typing import Optional, Sequence, Tuple
 
-from . import cp_plan, launcher, prefill_args
-from .abi_constants import D, WORKSPACE_ALIGN
+from . import cp_plan, launcher
+from ..spec import prefill_args
+from ..library.abi_constants import D, WORKSPACE_ALIGN
 from .launcher import Launch, Segmentation
 from .program import SLOT
-from .validation import Problem
+from ..spec.problem import Problem
 
 
 

@@ -29,8 +29,8 @@ import operator
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple, Union
 
-from .abi_constants import CHUNK  # tokens per tile
-from .validation import int_entries, parse_cp
+from ..library.abi_constants import CHUNK  # tokens per tile
+from ..spec.problem import int_entries, parse_cp
 
 DEFAULT_SM_COUNT = 132  # H100 SXM / H200
 AUTO_MIN_SEG_TILES = 32  # shortest segment split_balanced makes (512 tokens)
@@ -159,7 +159,7 @@ def _check_positive(name: str, value) -> int:
 
 
 def _check_mode(mode) -> CpMode:
-    """prefill's cp argument rules (validation.parse_cp), with None meaning "off"."""
+    """prefill's cp argument rules (kda_aot/spec/problem.py parse_cp), with None meaning "off"."""
     return "off" if mode is None else parse_cp(mode, "mode")
 
 

@@ -20,11 +20,11 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import planner
-from .abi_constants import LOG2E, regstate_name
-from .gate_forms import k1_kernel
-from .loader import KernelLibrary
+from ..library.abi_constants import LOG2E, regstate_name
+from ..spec.gate_forms import k1_kernel
+from ..library.loader import KernelLibrary
 from .program import NULL, STREAM, Program, Ref, ws
-from .validation import Problem
+from ..spec.problem import Problem
 from .workspace import cp_layout, workspace_layout
 
 WS_REGIONS = ("qd", "kd", "kr", "gt", "inv", "mqk", "bsig")

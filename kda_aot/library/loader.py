@@ -15,10 +15,10 @@ import threading
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from .errors import CUDA_ERROR_INSUFFICIENT_DRIVER, CudaError, KdaError, LibraryNotFoundError  # noqa: F401 (re-exported)
+from ..errors import CUDA_ERROR_INSUFFICIENT_DRIVER, CudaError, KdaError, LibraryNotFoundError  # noqa: F401 (re-exported)
 from .identity import check_library_identity
 
-LIB_DIR = Path(__file__).resolve().parent / "_lib"
+LIB_DIR = Path(__file__).resolve().parents[1] / "_lib"  # kda_aot/_lib
 LIB_NAME = "libkda_kernels.so"
 MANIFEST_NAME = "manifest.json"
 # An explicit build directory (holding the library and manifest) wins over the packaged one:

@@ -14,8 +14,8 @@ from typing import Dict, Tuple
 
 # The alignment and the bytes per (head, tile) slot of each region, in layout order, are part of
 # the kernel ABI: declared once in build_kernels/abi_constants.py, generated into _abi.py.
-from .abi_constants import SLOT_BYTES, STATE_BYTES
-from .abi_constants import WORKSPACE_ALIGN as ALIGN
+from ..library.abi_constants import SLOT_BYTES, STATE_BYTES
+from ..library.abi_constants import WORKSPACE_ALIGN as ALIGN
 
 
 def _round_up(x: int, a: int = ALIGN) -> int:
@@ -166,7 +166,7 @@ def _check(result, what: str) -> None:
     from cuda.bindings import driver
 
     if result[0] != driver.CUresult.CUDA_SUCCESS:
-        from .loader import CudaError
+        from ..library.loader import CudaError
 
         raise CudaError(f"workspace arena: {what} failed: {result[0]}")
 
@@ -192,7 +192,7 @@ class _Lease:
         self.capturing = False
 
     def __enter__(self) -> int:
-        from .streams import is_capturing
+        from ..library.streams import is_capturing
 
         self.arena._lock.acquire()
         try:

@@ -1,7 +1,7 @@
 """The ABI of a kernel list, as one hash and one readable signature per kernel.
 
 Stdlib only and free of package imports: the runtime checks a library with it (identity.py) and
-the build loads this very file by path to write the manifest's abi_hash and kda_aot/_abi.py
+the build loads this very file by path to write the manifest's abi_hash and kda_aot/library/_abi.py
 (build_kernels/abi.py), so both wings hash with one definition.
 """
 
@@ -27,7 +27,7 @@ def _canonical(obj: Any) -> str:
 
 def abi_hash(kernels: Sequence[Mapping[str, Any]]) -> str:
     """sha256 of the canonical JSON of every kernel's record, in name order: the runtime finds a
-    kernel by name in the library's own manifest (kda_aot/loader.py), so the order in which a
+    kernel by name in the library's own manifest (kda_aot/library/loader.py), so the order in which a
     build lists its kernels is not part of the ABI."""
     records = sorted((kernel_record(k) for k in kernels), key=lambda r: r["name"])
     return hashlib.sha256(_canonical(records).encode()).hexdigest()

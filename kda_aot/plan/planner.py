@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable, Mapping, Optional, Tuple
 
-from .abi_constants import CHUNK, D, VALUE_BLOCKS
+from ..library.abi_constants import CHUNK, D, VALUE_BLOCKS
 
 # K2 value blocks per (sequence, head), one per block size the library ships: 1, 2 or 4 CTAs of
 # 128, 64 or 32 value rows each.

@@ -18,9 +18,9 @@ from typing import List, Mapping, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import prefill_args
-from .abi_constants import MAX_SLOTS  # the shim's KDA_MAX_SLOTS, generated from it
-from .loader import KernelLibrary
+from ..spec import prefill_args
+from ..library.abi_constants import MAX_SLOTS  # the shim's KDA_MAX_SLOTS, generated from it
+from ..library.loader import KernelLibrary
 
 # The per-call pointer vector, in this order (kda_run's `inputs`).
 INPUTS = prefill_args.NAMES + ("workspace", "stream")

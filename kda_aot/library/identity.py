@@ -29,11 +29,11 @@ from typing import Any, Dict, List, Optional
 from . import abi_constants
 from .abi_hash import abi_hash
 from .abi_hash import signatures as kernel_signatures
-from .errors import KdaError
+from ..errors import KdaError
 
 MANIFEST_FORMAT = abi_constants.MANIFEST_FORMAT  # the build writes the same number
 DISTRIBUTIONS = ("kda-aot", "kda-aot-cu12", "kda-aot-cu13")
-_PACKAGE_DIR = Path(__file__).resolve().parent
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]  # kda_aot/
 REVISION_STAMP = _PACKAGE_DIR / "_build_revision.txt"
 
 
@@ -148,4 +148,4 @@ def _first_difference(library: List[str], package: List[str]) -> str:
             return f"kernel {name}: the library has {lib[name]}, this package has no such kernel"
         if lib[name] != pkg[name]:
             return f"kernel {name}: the library has {lib[name]}, this package expects {pkg[name]}"
-    return "the kernel signatures agree but their hash does not (regenerate kda_aot/_abi.py)"
+    return "the kernel signatures agree but their hash does not (regenerate kda_aot/library/_abi.py)"
