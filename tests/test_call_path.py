@@ -14,6 +14,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from recording import Recorder, call, device_buffer, fresh, problem_args  # noqa: E402
 
 from kda_aot import api  # noqa: E402
+from kda_aot.intake import arguments  # noqa: E402
 from kda_aot.plan import launcher
 from kda_aot.intake.tensors import TensorDesc  # noqa: E402
 
@@ -22,7 +23,7 @@ from kda_aot.intake.tensors import TensorDesc  # noqa: E402
 def rec(monkeypatch):
     r = Recorder(monkeypatch)
     # No call may read anything back to the host unless validate="host".
-    monkeypatch.setattr(api, "read_device_array", _no_read_back)
+    monkeypatch.setattr(arguments, "read_device_array", _no_read_back)
     yield r
     api.empty_cache()
 

@@ -13,6 +13,7 @@ from typing import Optional
 import pytest
 
 from kda_aot import api
+from kda_aot.intake import arguments
 from kda_aot.plan import call_plan, program
 from kda_aot.intake.validation import ALIGNMENT, extent_bytes, validate_prefill
 
@@ -411,7 +412,7 @@ def test_pointer_vector_order():
     ck = program.INPUTS.index("checkpoint_index")
     assert program.INPUTS[ck + 1:] == ("checkpoint_state", "checkpoint_offsets", "checkpoint_slots", "workspace",
                                        "stream")
-    assert program.INPUTS == api._TENSOR_ARGS + ("stream",)
+    assert program.INPUTS == arguments.TENSOR_ARGS + ("stream",)
 
 
 def test_call_plan_writes_the_checkpoint_state_and_reads_offsets_and_slots(monkeypatch):
@@ -424,15 +425,15 @@ def test_call_plan_writes_the_checkpoint_state_and_reads_offsets_and_slots(monke
     problem = validate_prefill(**dict(args, cp="off"))
     names = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "out", "cu_seqlens", "state_pool", "state_indices",
              "checkpoint_state", "checkpoint_offsets")
-    given = {n: n in names for n in api._TENSOR_ARGS}
-    nbytes = {n: extent_bytes(args[n]) if n in names else 0 for n in api._TENSOR_ARGS}
+    given = {n: n in names for n in arguments.TENSOR_ARGS}
+    nbytes = {n: extent_bytes(args[n]) if n in names else 0 for n in arguments.TENSOR_ARGS}
     alignment = {n: ALIGNMENT[n][args[n].dtype] for n in names}
     plan = call_plan.build(None, problem, lengths=None, sm_count=132, value_split=None, given=given,
                            nbytes=nbytes, alignment=alignment)
     slot = program.SLOT
     assert (slot["checkpoint_state"], nbytes["checkpoint_state"]) in plan.written
     assert (slot["checkpoint_offsets"], nbytes["checkpoint_offsets"]) in plan.read
-    ptrs = [args[n].ptr if n in names else 0 for n in api._TENSOR_ARGS]
+    ptrs = [args[n].ptr if n in names else 0 for n in arguments.TENSOR_ARGS]
     plan.check_pointers(ptrs)
     ptrs[slot["checkpoint_state"]] = args["q"].ptr + 64
     with pytest.raises(call_plan.UnsafePointers):
@@ -463,8 +464,8 @@ def test_torch_signature_carries_the_strides_of_a_non_contiguous_tensor():
     beta = torch.empty(1, T, H, dtype=torch.bfloat16)
 
     def sig(q):
-        tensors = (q, plain, plain, plain, beta) + (None,) * (len(api._TENSOR_ARGS) - 5)
-        return api._torch_intake(torch.Tensor, tensors)[0]
+        tensors = (q, plain, plain, plain, beta) + (None,) * (len(arguments.TENSOR_ARGS) - 5)
+        return arguments.torch_intake(torch.Tensor, tensors)[0]
 
     a, b = sig(base[:, :, :H]), sig(wider[:, :, :H])
     assert a != b and a[2] == base[:, :, :H].stride() and b[2] == wider[:, :, :H].stride()

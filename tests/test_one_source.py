@@ -27,14 +27,14 @@ def test_log2e_is_written_once():
 
 def test_restated_constants_are_the_abi_constants():
     from kda_aot.library import abi_constants
-    from kda_aot import api
+    from kda_aot.intake import arguments
     from kda_aot.plan import dist_plan, launcher, program
     from kda_aot.references import reference_np
 
     assert dist_plan.CHUNK is abi_constants.CHUNK and program.MAX_SLOTS is abi_constants.MAX_SLOTS
     assert launcher.LOG2E is abi_constants.LOG2E and reference_np.LOG2E is abi_constants.LOG2E
     # the per-call pointer vector is prefill's tensor arguments, then the stream
-    assert program.INPUTS == api._TENSOR_ARGS + ("stream",)
+    assert program.INPUTS == arguments.TENSOR_ARGS + ("stream",)
 
 
 def test_the_torch_reference_reads_the_same_log2e():
@@ -61,12 +61,13 @@ def test_prefill_tensor_arguments_are_declared_once():
     import textwrap
 
     from kda_aot import api
+    from kda_aot.intake import arguments
     from kda_aot.spec import prefill_args
     from kda_aot.plan import program
     from kda_aot.intake import validation
 
     names = prefill_args.NAMES
-    assert api._TENSOR_ARGS == names + ("workspace",) and program.INPUTS == names + ("workspace", "stream")
+    assert arguments.TENSOR_ARGS == names + ("workspace",) and program.INPUTS == names + ("workspace", "stream")
     assert set(validation._REQUIRED + validation._OPTIONAL) == set(names)
     assert set(validation._INPUTS) | set(validation._OUTPUTS) == set(names)
     assert validation._DTYPES == {a.name: tuple(a.align) for a in prefill_args.ARGS}
@@ -78,7 +79,7 @@ def test_prefill_tensor_arguments_are_declared_once():
         assert len(tuples) == 1, fn.__name__
         got = tuple(e.id if isinstance(e, ast.Name) else ast.literal_eval(e) for e in tuples[0].elts)
         # workspace_size has no workspace of its own to pass (None in that place)
-        want = api._TENSOR_ARGS if fn is api.prefill else names + (None,)
+        want = arguments.TENSOR_ARGS if fn is api.prefill else names + (None,)
         assert got == want, fn.__name__
         params = inspect.signature(fn).parameters
         assert all(name in params for name in names), fn.__name__

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kda_aot.api import check_state_indices_host
+from kda_aot.intake.arguments import check_state_indices_host
 from kda_aot.intake.validation import validate_prefill
 
 sys.path.insert(0, str(Path(__file__).parent))  # the sibling helpers below, when run on its own
@@ -260,6 +260,7 @@ def test_checkpoints_without_states_and_without_heads(rec):
 def test_host_copy_of_the_indices_is_checked_on_every_call(rec):
     """state_indices_cpu: repeated or out-of-pool slots refused before anything runs, no read-back."""
     from kda_aot import api
+    from kda_aot.intake import arguments
     from recording import call, device_buffer, problem_args
 
     def no_read_back(*a, **k):
@@ -268,7 +269,7 @@ def test_host_copy_of_the_indices_is_checked_on_every_call(rec):
     x = problem_args(H=2, lens=[30, 20, 10])
     pool = _padded_pool(4, 2, "float32", 0)
     idx = device_buffer("state_indices", (3,), "int32")
-    api.read_device_array, saved = no_read_back, api.read_device_array
+    arguments.read_device_array, saved = no_read_back, arguments.read_device_array
     try:
         call(x, state_pool=pool, state_indices=idx, state_indices_cpu=[3, -1, 0], cp="off", workspace=_ws())
         assert len(rec.calls) == 1
@@ -282,4 +283,4 @@ def test_host_copy_of_the_indices_is_checked_on_every_call(rec):
             call(x, state_indices_cpu=[0, 1, 2], cp="off", workspace=_ws())
         assert len(rec.calls) == 1, "a refused call launched something"
     finally:
-        api.read_device_array = saved
+        arguments.read_device_array = saved

@@ -1,6 +1,6 @@
 """Prefill's tensor arguments, declared once: name, dtypes with the alignment the kernels assume
 for each, role, and the rules that single an argument out. The validation wall, the per-call
-pointer vector (program.INPUTS), the intake order (api._TENSOR_ARGS) and the call plan's
+pointer vector (program.INPUTS), the intake order (intake/arguments.py TENSOR_ARGS) and the call plan's
 overlap spans all derive their lists from this table (tests/test_one_source.py ties the
 signatures to it).
 
