@@ -6,6 +6,10 @@ import sys
 
 import pytest
 
+# The shared helpers (gold_cases, recording, state_buffers, torch_stand_ins, cp_twins, ...) sit beside
+# this file; the tests in tests/cpu, tests/gpu and tests/build import them by name.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
 # JAX takes 75% of the GPU's memory when it first uses it unless told otherwise; the JAX tests share
 # the device with torch and the library (tests/test_frameworks_*.py).
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")

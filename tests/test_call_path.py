@@ -179,6 +179,7 @@ def test_cp_auto_cuts_on_the_device(rec, hint):
     hint is given and device_plan's otherwise (12 + 3 segments of at most 43 tiles either way);
     120 (segment, head) pairs at VB=128 run the register-state K2 (planner.k2_kernel)."""
     from kda_aot.plan import cp_plan
+    import cp_twins
 
     lens = [8192, 2048]
     x = problem_args(lens=lens, H=8, state="float32")
@@ -194,7 +195,7 @@ def test_cp_auto_cuts_on_the_device(rec, hint):
     else:
         want = cp_plan.device_plan(sum(lens), 2, 8, 132, "auto")
     assert (tables["seg_len"], tables["max_count"], tables["min_tiles"], tables["max_segments"]) == want
-    segs = cp_plan.device_segment_tables([0, 8192, 10240], 10240, *want)
+    segs = cp_twins.device_segment_tables([0, 8192, 10240], 10240, *want)
     assert sum(segs[4]) == 15  # seg_count: 12 + 3
     k2 = rec.last[-1].args
     assert k2["n_seg"] == want[3] and k2["final_state"] == x["final_state"].ptr

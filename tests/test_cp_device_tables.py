@@ -1,4 +1,4 @@
-"""The device-built tables' CPU twins (cp_plan.device_seq_tables, device_segment_tables) and the
+"""The device-built tables' CPU twins (cp_twins.device_seq_tables, device_segment_tables) and the
 parameters a host plan or device_plan gives them: pure Python, no GPU."""
 
 import random
@@ -6,7 +6,9 @@ import random
 import pytest
 
 from kda_aot.plan import cp_plan
-from kda_aot.plan.cp_plan import NotSplittableError, device_plan, device_segment_tables, plan_prefill
+import cp_twins
+from kda_aot.plan.cp_plan import NotSplittableError, device_plan, plan_prefill
+from cp_twins import device_segment_tables
 
 I32_MAX = 2 ** 31 - 1
 
@@ -47,7 +49,7 @@ def check_tables(tables, cu, t_total, S):
     [c[0], c[N]] and the tile capacity, tiles = ceil(tokens / 16) per segment, full tiles for the
     scanned ones, indices inside their tables."""
     seg_start, seg_prefix, scan_seg, seg_first, seg_count, final_slot = tables
-    c, prefix = cp_plan.device_seq_tables(cu, t_total)
+    c, prefix = cp_twins.device_seq_tables(cu, t_total)
     N = len(cu) - 1
     assert (len(seg_start), len(seg_prefix), len(scan_seg), len(final_slot)) == (S + 1, S + 1, S, S)
     assert len(seg_first) == len(seg_count) == N
@@ -78,28 +80,28 @@ def test_seq_tables_are_the_identity_on_valid_cu():
     rng = random.Random(5)
     for _ in range(500):
         lens = _random_lens(rng)
-        start, prefix = cp_plan.device_seq_tables(_cu(lens), sum(lens))
+        start, prefix = cp_twins.device_seq_tables(_cu(lens), sum(lens))
         assert start == _cu(lens)
         assert prefix == _cu([_ceil_div(n, 16) for n in lens])
 
 
 def test_seq_tables_clamp():
-    assert cp_plan.clamp_cu([5, 3, -1, 100, 2 ** 40, 7], 50) == [5, 5, 5, 50, 50, 50]
-    assert cp_plan.device_seq_tables([-10, 20, 10, 40], 33) == ([0, 20, 20, 33], [0, 2, 2, 3])
+    assert cp_twins.clamp_cu([5, 3, -1, 100, 2 ** 40, 7], 50) == [5, 5, 5, 50, 50, 50]
+    assert cp_twins.device_seq_tables([-10, 20, 10, 40], 33) == ([0, 20, 20, 33], [0, 2, 2, 3])
     rng = random.Random(6)
     for _ in range(2000):
         n, T = rng.randrange(1, 40), rng.choice([0, 1, 16, 17, 1000, I32_MAX])
-        start, prefix = cp_plan.device_seq_tables(_adversarial_cu(rng, n, T), T)
+        start, prefix = cp_twins.device_seq_tables(_adversarial_cu(rng, n, T), T)
         assert all(0 <= a <= b <= T for a, b in zip(start, start[1:]))
         assert prefix[-1] <= _ceil_div(T, 16) + n - 1
 
 
 def _host_tables(plan):
     S = plan.n_segments
-    scan = cp_plan.non_last_segments(plan)
-    starts, prefix = cp_plan.segment_tables(plan)
+    scan = cp_twins.non_last_segments(plan)
+    starts, prefix = cp_twins.segment_tables(plan)
     return (starts, prefix, scan + [-1] * (S - len(scan)), [f for f, _ in plan.per_seq],
-            [c for _, c in plan.per_seq], cp_plan.final_slots(plan))
+            [c for _, c in plan.per_seq], cp_twins.final_slots(plan))
 
 
 @pytest.mark.parametrize("mode", ["auto", "on", 2, 3, 8, 40, 10 ** 12])
@@ -208,7 +210,7 @@ def test_device_plan_bound_holds_for_any_content(mode):
         tables = device_segment_tables(cu, T, *params)
         check_tables(tables, cu, T, params[3])
         seg_count, final = tables[4], tables[5]
-        c, prefix = cp_plan.device_seq_tables(cu, T)
+        c, prefix = cp_twins.device_seq_tables(cu, T)
         want = [max(1, min(_ceil_div(prefix[n + 1] - prefix[n], params[0]), params[1],
                            (prefix[n + 1] - prefix[n]) // params[2])) for n in range(N)]
         assert seg_count == want  # nothing dropped
@@ -241,7 +243,7 @@ def test_dropping_past_max_segments():
 
 
 def test_dense_is_the_cu_of_equal_lengths():
-    assert cp_plan.dense_cu(3, 100) == [0, 100, 200, 300]
+    assert cp_twins.dense_cu(3, 100) == [0, 100, 200, 300]
     plan = plan_prefill([4096] * 3, 4, sm_count=132)
-    assert device_segment_tables(cp_plan.dense_cu(3, 4096), 3 * 4096, plan.seg_len, plan.max_count,
+    assert device_segment_tables(cp_twins.dense_cu(3, 4096), 3 * 4096, plan.seg_len, plan.max_count,
                                  plan.min_tiles, plan.n_segments) == _host_tables(plan)

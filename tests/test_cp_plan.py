@@ -5,6 +5,7 @@ import random
 import pytest
 
 from kda_aot.plan import cp_plan
+import cp_twins
 from kda_aot.plan.cp_plan import NotSplittableError, plan_prefill
 
 
@@ -52,14 +53,14 @@ def check_invariants(plan, seq_lens):
     assert expect_first == plan.n_segments
     assert plan.trivial == (plan.n_segments <= len(seq_lens))
     assert plan.max_segment_tiles == max(b - a for a, b in zip(plan.seg_cu, plan.seg_cu[1:]))
-    starts, prefix = cp_plan.segment_tables(plan)
+    starts, prefix = cp_twins.segment_tables(plan)
     assert starts == list(plan.seg_token_start) and prefix == list(plan.seg_cu)
     assert all(isinstance(x, int) for x in starts + prefix)
-    last = cp_plan.last_segments(plan)
+    last = cp_twins.last_segments(plan)
     assert last == [f + c - 1 for f, c in plan.per_seq]
-    non_last = cp_plan.non_last_segments(plan)
+    non_last = cp_twins.non_last_segments(plan)
     assert sorted(non_last + last) == list(range(plan.n_segments))
-    assert sorted(cp_plan.non_last_segments(plan, longest_first=True)) == non_last
+    assert sorted(cp_twins.non_last_segments(plan, longest_first=True)) == non_last
     assert isinstance(plan.describe(), str) and len(plan.describe().splitlines()) >= 2
 
 
@@ -226,10 +227,10 @@ def test_partial_tiles_and_empty_sequences():
     assert plan.seg_cu == (0, 16, 32, 48, 63, 65, 65, 74, 82, 90, 98)
     assert plan.seg_token_start == (0, 256, 512, 768, 1000, 1017, 1017, 1017 + 144, 1017 + 272,
                                     1017 + 400, 1530)
-    assert cp_plan.last_segments(plan) == [3, 4, 5, 9]
-    assert cp_plan.non_last_segments(plan) == [0, 1, 2, 6, 7, 8]
-    assert cp_plan.non_last_segments(plan, longest_first=True) == [0, 1, 2, 6, 7, 8]
-    starts, prefix = cp_plan.segment_tables(plan)
+    assert cp_twins.last_segments(plan) == [3, 4, 5, 9]
+    assert cp_twins.non_last_segments(plan) == [0, 1, 2, 6, 7, 8]
+    assert cp_twins.non_last_segments(plan, longest_first=True) == [0, 1, 2, 6, 7, 8]
+    starts, prefix = cp_twins.segment_tables(plan)
     assert starts == list(plan.seg_token_start) and prefix == list(plan.seg_cu)
     # the empty sequence keeps one empty segment
     first, count = plan.per_seq[2]
@@ -239,7 +240,7 @@ def test_partial_tiles_and_empty_sequences():
 
 def test_longest_first_order():
     plan = plan_prefill([8192 + 16, 2048], 8, sm_count=132, mode=4)  # 513 tiles -> 129,128,128,128
-    order = cp_plan.non_last_segments(plan, longest_first=True)
+    order = cp_twins.non_last_segments(plan, longest_first=True)
     tiles = plan.segment_tiles
     assert [tiles[s] for s in order] == sorted((tiles[s] for s in order), reverse=True)
     assert order[0] == 0
@@ -251,8 +252,8 @@ def test_off_is_serial():
     check_invariants(plan, lens)
     assert plan.trivial and plan.reason == "cp off" and plan.n_segments == 3
     assert plan_prefill(lens, 1, sm_count=132, mode=None) == plan
-    assert cp_plan.non_last_segments(plan) == []
-    assert cp_plan.last_segments(plan) == [0, 1, 2]
+    assert cp_twins.non_last_segments(plan) == []
+    assert cp_twins.last_segments(plan) == [0, 1, 2]
 
 
 def test_on_forces_split_and_raises_when_trivial():
@@ -303,14 +304,14 @@ def test_plan_is_frozen():
 
 def test_dispatch_key_is_monotone_and_fits_64_buckets():
     """The CPU twin of varlen_tiles.length_bucket (K2's longest-first order, docs/dispatch_order.md)."""
-    keys = [cp_plan.dispatch_key(t) for t in range(0, 70000)]
+    keys = [cp_twins.dispatch_key(t) for t in range(0, 70000)]
     assert all(a >= b for a, b in zip(keys, keys[1:])), "longer sequences must never get a larger key"
     assert keys[:4] == [63, 62, 61, 60] and keys[4] < 60  # exact below 4 tiles
     # 64 buckets, of which 60 are used: 0-3 tiles take 63-60, then four per octave from 4 tiles (55 down)
     assert set(keys) == set(range(56)) | {60, 61, 62, 63}
-    assert cp_plan.dispatch_key(2 ** 16) == cp_plan.dispatch_key(2 ** 30) == 0
+    assert cp_twins.dispatch_key(2 ** 16) == cp_twins.dispatch_key(2 ** 30) == 0
     # four keys per octave: within an octave, lengths a quarter apart get different keys
-    assert len({cp_plan.dispatch_key(t) for t in (64, 80, 96, 112)}) == 4
+    assert len({cp_twins.dispatch_key(t) for t in (64, 80, 96, 112)}) == 4
 
 
 def test_is_dispatch_order_accepts_longest_first_with_ties_in_any_order():
@@ -318,9 +319,9 @@ def test_is_dispatch_order_accepts_longest_first_with_ties_in_any_order():
     prefix = [0]
     for t in lengths_in_tiles:
         prefix.append(prefix[-1] + t)
-    assert cp_plan.is_dispatch_order([5, 2, 6, 0, 3, 1, 4], prefix)
-    assert cp_plan.is_dispatch_order([5, 6, 2, 0, 3, 1, 4], prefix)  # 2 and 6 tie
-    assert not cp_plan.is_dispatch_order([4, 1, 3, 0, 2, 6, 5], prefix)  # shortest first
-    assert not cp_plan.is_dispatch_order([5, 2, 2, 0, 3, 1, 4], prefix)  # not a permutation
-    assert not cp_plan.is_dispatch_order([5, 2, 6, 0, 3, 1], prefix)  # one missing
-    assert cp_plan.is_dispatch_order([], [0])
+    assert cp_twins.is_dispatch_order([5, 2, 6, 0, 3, 1, 4], prefix)
+    assert cp_twins.is_dispatch_order([5, 6, 2, 0, 3, 1, 4], prefix)  # 2 and 6 tie
+    assert not cp_twins.is_dispatch_order([4, 1, 3, 0, 2, 6, 5], prefix)  # shortest first
+    assert not cp_twins.is_dispatch_order([5, 2, 2, 0, 3, 1, 4], prefix)  # not a permutation
+    assert not cp_twins.is_dispatch_order([5, 2, 6, 0, 3, 1], prefix)  # one missing
+    assert cp_twins.is_dispatch_order([], [0])

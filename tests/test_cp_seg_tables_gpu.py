@@ -1,5 +1,5 @@
 """The CP segment-tables kernels on the GPU against their CPU twin
-(cp_plan.device_segment_tables): host plans, device plans, adversarial cu_seqlens and a too
+(cp_twins.device_segment_tables): host plans, device plans, adversarial cu_seqlens and a too
 small max_segments, with every table poisoned before the launch and guard words after each
 table that must stay untouched."""
 
@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from kda_aot.plan import cp_plan
+import cp_twins
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
@@ -47,9 +48,9 @@ def _run(cu, t_total, params, kind):
 def _check(cu, t_total, params, kind, what):
     got = _run(cu, t_total, params, kind)
     if kind == "dense":
-        want = cp_plan.device_segment_tables(cp_plan.dense_cu(*cu), cu[0] * cu[1], *params)
+        want = cp_twins.device_segment_tables(cp_twins.dense_cu(*cu), cu[0] * cu[1], *params)
     else:
-        want = cp_plan.device_segment_tables(cu, t_total, *params)
+        want = cp_twins.device_segment_tables(cu, t_total, *params)
     for name, g, w in zip(NAMES, got, want):
         assert g == list(w), f"{what}: {name} differs (cu={list(cu)[:6]}.., params={params})"
 

@@ -1,11 +1,12 @@
 """The sequence-tables kernels on the GPU against their CPU twins (docs/kernel_abi.md): exact
 tables for valid cu_seqlens, and for any other content the clamped tables of
-cp_plan.device_seq_tables, with nothing written past the [N+1] tables."""
+cp_twins.device_seq_tables, with nothing written past the [N+1] tables."""
 
 import numpy as np
 import pytest
 
 from kda_aot.plan import cp_plan
+import cp_twins
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 
@@ -45,7 +46,7 @@ def _run_varlen(cu_values, t_total, cu_dtype):
     assert (start[n + 1:] == POISON).all() and (prefix[n + 1:] == POISON).all(), "write past the tables"
     assert (order[n:] == POISON).all(), "write past seq_order"
     # K2's dispatch order: every sequence once, longest first (by the kernel's bucketed key)
-    assert cp_plan.is_dispatch_order(order[:n].tolist(), prefix[:n + 1].tolist()), \
+    assert cp_twins.is_dispatch_order(order[:n].tolist(), prefix[:n + 1].tolist()), \
         f"seq_order {order[:min(n, 16)].tolist()}.. is not longest-first for tile_prefix {prefix[:16].tolist()}.."
     return start[:n + 1], prefix[:n + 1]
 
@@ -101,7 +102,7 @@ def test_varlen_tables_clamp_any_content(wide):
         if not wide:  # what an int32 tensor holds: entries past its range (T + 5000 near 2^31) wrap
             cu = np.asarray(cu, np.int64).astype(np.int32).tolist()
         start, prefix = _run_varlen(cu, T, torch.int64 if wide else torch.int32)
-        want_start, want_prefix = cp_plan.device_seq_tables(cu, T)
+        want_start, want_prefix = cp_twins.device_seq_tables(cu, T)
         np.testing.assert_array_equal(start, want_start, err_msg=f"trial {trial} seq_start, cu={cu[:8]}..")
         np.testing.assert_array_equal(prefix, want_prefix, err_msg=f"trial {trial} tile_prefix")
         assert (np.diff(start) >= 0).all() and start[0] >= 0 and start[-1] <= T

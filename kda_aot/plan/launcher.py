@@ -36,7 +36,7 @@ def gate_constant(lower_bound: float) -> float:
 
 
 class Segmentation(NamedTuple):
-    """How cp_seg_tables cuts the sequences (cp_plan.device_segment_tables is its twin):
+    """How cp_seg_tables cuts the sequences (tests/cp_twins.py device_segment_tables is its twin):
     c_n = max(1, min(ceil(tiles_n / seg_len), max_count, tiles_n // min_tiles)) segments for
     sequence n, at most max_segments in all (the grids' bound)."""
 
