@@ -5,10 +5,9 @@ import random
 
 import pytest
 
-from kda_aot.plan import cp_plan
 import cp_twins
-from kda_aot.plan.cp_plan import NotSplittableError, device_plan, plan_prefill
 from cp_twins import device_segment_tables
+from kda_aot.plan.cp_plan import NotSplittableError, device_plan, plan_prefill
 
 I32_MAX = 2 ** 31 - 1
 

@@ -5,7 +5,6 @@ cp_twins.device_seq_tables, with nothing written past the [N+1] tables."""
 import numpy as np
 import pytest
 
-from kda_aot.plan import cp_plan
 import cp_twins
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
