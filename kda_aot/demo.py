@@ -29,7 +29,7 @@ import time
 from .cli_checks import cannot_run, gpu_problem, library_problem, torch_problem
 
 PROG = "python -m kda_aot.demo"
-# Check 2: what CP may differ from serial, the bound of tests/test_cp_gpu.py (CP carries the state
+# Check 2: what CP may differ from serial, the bound of tests/gpu/test_cp.py (CP carries the state
 # across segment boundaries through fp32 products instead of the serial bf16 chain).
 CP_VS_SERIAL = 4e-3
 # Check 3: the kernels implement the recipe, so their error against the exact gold is the recipe's

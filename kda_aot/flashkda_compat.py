@@ -9,7 +9,7 @@
 (`workspace`, `checkpoint_state`, `checkpoint_offsets`). Like FlashKDA it writes `out` and, when
 given, `final_state` in place and returns None. The call is kda_aot.prefill with gate="safe",
 beta logits and cp="off": FlashKDA's configuration and its serial recurrence, so the results are
-FlashKDA's bits (tests/test_flashkda_compat_gpu.py). `cp="auto"` is an extra keyword for callers
+FlashKDA's bits (tests/gpu/test_flashkda_compat.py). `cp="auto"` is an extra keyword for callers
 who prefer kda-aot's context-parallel split of long sequences, which agrees with FlashKDA within
 the CP error bound instead (docs/numerics.md).
 

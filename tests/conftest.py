@@ -21,7 +21,7 @@ def _hypothesis_storage_in_the_environment():
     (the venv running the tests) instead, unless HYPOTHESIS_STORAGE_DIRECTORY names a place."""
     try:
         from hypothesis.configuration import set_hypothesis_home_dir
-    except ImportError:  # no hypothesis: tests/test_wall_properties.py skips
+    except ImportError:  # no hypothesis: tests/cpu/test_wall_properties.py skips
         return
     set_hypothesis_home_dir(os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY")
                             or os.path.join(sys.prefix, ".hypothesis"))

@@ -1,7 +1,7 @@
 """Prefill's tensor arguments, declared once: name, dtypes with the alignment the kernels assume
 for each, role, and the rules that single an argument out. The validation wall, the per-call
 pointer vector (program.INPUTS), the intake order (intake/arguments.py TENSOR_ARGS) and the call plan's
-overlap spans all derive their lists from this table (tests/test_one_source.py ties the
+overlap spans all derive their lists from this table (tests/cpu/test_one_source.py ties the
 signatures to it).
 
 Alignment (bytes, per dtype) is the largest any kernel declares for the pointer it receives
