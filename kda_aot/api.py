@@ -1,10 +1,11 @@
 """Public functions: `prefill`, `workspace_size`, `empty_cache` and `info`.
 
-`prefill` is the validation wall's only door, in four steps: intake (intake/arguments.py reads the
-tensors, the stream and the host hints), the wall and the plan (the first call of a problem shape
-runs the whole wall, intake/validation.py, and builds a CallPlan, plan/call_plan.py; later calls of
-that shape find it by key and repeat the pointer checks), and the launch (allocate what the caller
-did not pass and run the whole kernel sequence with one native call). Nothing is read back to the host unless the caller asks
+`prefill` is the validation wall's only door, in four steps (docs/call_path.md): intake
+(intake/arguments.py reads the tensors and the stream), the host hints (the same module), the wall
+and the plan (the first call of a problem shape runs the whole wall, intake/validation.py, and
+builds a CallPlan, plan/call_plan.py; later calls of that shape find it by key and repeat the
+pointer checks), and the launch (allocate what the caller did not pass and run the whole kernel
+sequence with one native call). Nothing is read back to the host unless the caller asks
 (`validate="host"`), so a call never synchronises and can be captured into a CUDA graph
 (docs/call_path.md).
 """
