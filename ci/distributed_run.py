@@ -130,7 +130,7 @@ def main():
     dist.init_process_group(args.backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=180))
     import kda_aot
     import kda_aot.distributed as kd
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     T = args.tokens
     if T % world:

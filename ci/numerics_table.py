@@ -148,7 +148,7 @@ def fla_errors(x, gold):
     RMSE of output and final state against the float64 gold; None when FLA is not importable."""
     import torch
 
-    from kda_aot.references import reference
+    from kda_aot import reference
     try:
         from fla.ops.kda import chunk_kda
     except Exception as exc:
@@ -167,7 +167,7 @@ def ablation(report: Report, iters: int, warmup: int, lengths=(8192,), fla: bool
     import kda_aot
     from kda_aot import bench
     from kda_aot.plan import planner
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     plan_serial = planner.plan_serial
     level = {"value": None}
@@ -222,7 +222,7 @@ def accuracy(report: Report, lengths, fla: bool) -> None:
     import torch
 
     import kda_aot
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     cases = []
     for cls, (g_mean, lb) in CLASSES.items():

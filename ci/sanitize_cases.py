@@ -12,7 +12,7 @@ import sys
 import torch
 
 import kda_aot
-from kda_aot.references import reference
+from kda_aot import reference
 from kda_aot.bench import forced_k2_kernel
 
 

@@ -14,7 +14,7 @@ of --gate-forms ("safe": the bounded sigmoid gate; "softplus"; "log_decay": the 
 log-decays given as an fp32 g), bf16 initial and final state, median of `iters` CUDA-event timings
 after `warmup` calls. The memory floor is the bytes prefill must move (q, k, v, g, out, beta,
 states) over the device-to-device copy bandwidth measured in the same run. Accuracy: relative RMSE
-of the output and final state against the float64 gold (kda_aot.references.reference.gold_prefill). Needs
+of the output and final state against the float64 gold (kda_aot.reference.gold_prefill). Needs
 torch and a Hopper GPU.
 """
 
@@ -302,7 +302,7 @@ def graph_runner(x, cu):
 
 def gold_of(x, cu):
     """The float64 gold (output, final state) of a class case."""
-    from .references import reference
+    from . import reference
 
     g = gate_kwargs(x)
     return reference.gold_prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], g["A_log"], g["dt_bias"], g["lower_bound"],
@@ -311,7 +311,7 @@ def gold_of(x, cu):
 
 def errors(result, gold):
     """[output, final state] relative RMSE of `result` against `gold`."""
-    from .references import reference
+    from . import reference
 
     return [reference.rel_rmse(result[0], gold[0]), reference.rel_rmse(result[1], gold[1])]
 

@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     print(f"kda-aot {kda_aot.__version__}: KDA prefill, H={H}, packed sequences {lens}, bf16 states")
     if reason:
         return _cpu_reference(reason, lens, H)
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     x = reference.make_inputs(lens, H, seed=0, device="cpu", state="bf16")
     gold_o, gold_s = reference.gold_prefill(**x)

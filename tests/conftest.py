@@ -64,7 +64,7 @@ def pytest_collection_modifyitems(config, items):
 def gpu_approx():
     """The kernels' PTX approximations and tensor-core products for the GPU reference's `approx=`."""
     from kda_aot.library.loader import get_library
-    from kda_aot.references.reference import KernelApprox
+    from kda_aot.reference import KernelApprox
 
     return KernelApprox(get_library())
 

@@ -18,7 +18,7 @@ import dataclasses
 import functools
 from typing import Optional, Sequence, Tuple, Union
 
-from kda_aot.references import reference
+from kda_aot import reference
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,7 @@ import torch
 
 def inputs(shape, H, seed):
     """reference.make_inputs on the GPU (lengths or a dense (B, T)), without an initial state."""
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     x = reference.make_inputs(shape, H, seed=seed, device="cuda")
     x.pop("initial_state", None)

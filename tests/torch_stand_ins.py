@@ -12,7 +12,7 @@ What they cannot check, the real kernels behind the calls, the GPU tests do.
 
 import torch
 
-from kda_aot.references import reference
+from kda_aot import reference
 
 D = 128
 

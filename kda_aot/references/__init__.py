@@ -1,2 +1,2 @@
-"""CPU references: the float64 gold and the chunked algorithm with emulated roundings (torch), a numpy
-reference, and the input classes the benchmarks and numerics tables run on."""
+"""CPU references beside the torch one (kda_aot/reference.py, public): the NumPy reference, which
+needs no torch, and the input classes the benchmarks and numerics tables run on."""

@@ -243,7 +243,7 @@ def test_entry_state_chains_carries_like_float64():
 
 def test_fold_transfers_and_unswizzle():
     from kda_aot import distributed
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     gen = torch.Generator().manual_seed(1)
     M = torch.randn(3, 2, 128, 128, generator=gen) / 12
@@ -277,7 +277,7 @@ def test_ieee_fp32_restores_the_callers_setting():
 # the whole call, with the float64 gold as every rank's local prefill
 
 def _gold_engine(calls):
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     def fake_prefill(q, k, v, g, beta, *, A_log, dt_bias, lower_bound, scale, cp, initial_state=None,
                      cu_seqlens=None, seq_lens=None, out=None, output_final_state=False, final_state=None):
@@ -311,7 +311,7 @@ def _gold_engine(calls):
 def _long_memory_inputs(lens, H, seed):
     """float64 copies of bf16 inputs with g ~ N(-8, 1): state kept over the whole batch, so a
     wrong or skipped carry shows."""
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     x = reference.make_inputs(list(lens), H, seed=seed, state="fp32")
     gen = torch.Generator().manual_seed(seed + 7)
@@ -334,7 +334,7 @@ CASES = {
 @pytest.mark.parametrize("with_initial", [True, False])
 def test_prefill_plumbing_equals_whole_batch_gold(monkeypatch, name, with_initial):
     from kda_aot import distributed
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     lens, cuts = CASES[name]
     H = 2

@@ -494,7 +494,7 @@ def stand_in(monkeypatch):
 def test_flashkda_fwd_passes_checkpoints_and_strided_views_through(stand_in):
     torch = _torch()
     from kda_aot import flashkda_compat as fk
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     x = reference.make_inputs([20, 12], 2, seed=3, state="fp32")
     T, H = x["q"].shape[1], 2
@@ -515,7 +515,7 @@ def test_flashkda_fwd_passes_checkpoints_and_strided_views_through(stand_in):
 def test_flashkda_op_declares_checkpoint_state_written_and_runs_without_it(stand_in):
     torch = _torch()
     from kda_aot import flashkda_compat as fk
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     x = reference.make_inputs([10, 6], 2, seed=4, state="fp32")
     out = torch.empty_like(x["q"])
@@ -557,7 +557,7 @@ def test_version_bump_of_omitted_trailing_written_arguments():
 def test_torch_prefill_routes_the_checkpoints(stand_in):
     torch = _torch()
     import kda_aot.torch as kt
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     x = reference.make_inputs([16, 16], 2, seed=5, state=None)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])

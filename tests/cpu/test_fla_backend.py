@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from torch_stand_ins import Recording  # noqa: E402
 
 from kda_aot import api  # noqa: E402
-from kda_aot.references import reference
+from kda_aot import reference
 from kda_aot import fla_backend  # noqa: E402
 
 D = 128

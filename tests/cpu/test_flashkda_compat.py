@@ -18,7 +18,7 @@ from torch_stand_ins import StandIn, gold  # noqa: E402
 
 import kda_aot  # noqa: E402
 from kda_aot import api, flashkda_compat as fk  # noqa: E402
-from kda_aot.references import reference
+from kda_aot import reference
 
 D = 128
 

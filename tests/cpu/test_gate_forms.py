@@ -149,7 +149,7 @@ def test_every_form_has_its_k1_in_the_registry():
 
 def _small_inputs(seed=0, T=40, H=2):
     torch = pytest.importorskip("torch")
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     inp = reference.make_inputs((1, T), H, seed, state="fp32")
     return torch, reference, inp

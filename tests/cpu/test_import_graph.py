@@ -3,9 +3,10 @@ import between kda_aot's modules, in every sub-package, at module level or insid
 from the source with ast.
 
 Modules are named by their dotted path below kda_aot ("api", "plan.launcher"); a sub-package's
-__init__ is its package name ("plan"). Roles (docs/README.md, "Layout"):
-  front ends and commands   the top-level modules (what is imported or run by name)
-  intake, plan, references  kda_aot/intake/, kda_aot/plan/, kda_aot/references/
+__init__ is its package name ("plan"). Roles (CONTRIBUTING.md, "Layout"):
+  front ends and commands   the other top-level modules (what is imported or run by name)
+  intake, plan              kda_aot/intake/, kda_aot/plan/
+  references                kda_aot/references/ and kda_aot/reference.py (public: docs/api.md)
   spec                      kda_aot/spec/ (prefill's arguments, the gate forms, the Problem)
   library                   kda_aot/library/ and kda_aot/errors.py
 """
@@ -17,6 +18,8 @@ PKG = Path(__file__).resolve().parents[2] / "kda_aot"
 
 # The commands: they may import anything, and nothing but another command imports them.
 TOOLS = {"__main__", "bench", "bench_op", "profile", "demo", "cli_checks"}
+# Top-level modules of a lower role: the exceptions, and the public torch reference.
+TOP_LEVEL_ROLES = {"errors": "library", "reference": "references"}
 # What each role may import besides itself (front ends: anything but the commands).
 MAY_IMPORT = {
     "library": {"library"},
@@ -35,12 +38,12 @@ def module_name(path: Path) -> str:
 
 
 def role(name: str) -> str:
-    """The role of a module: its sub-package, "tools" for a command, "front" for the other top-level
-    modules; errors.py (the exceptions every role raises) belongs to the library."""
+    """The role of a module: its sub-package, TOP_LEVEL_ROLES' for errors.py and reference.py, "tools"
+    for a command, "front" for the other top-level modules."""
     if "." in name or name in MAY_IMPORT:
         return name.split(".")[0]
-    if name == "errors":
-        return "library"
+    if name in TOP_LEVEL_ROLES:
+        return TOP_LEVEL_ROLES[name]
     return "tools" if name in TOOLS else "front"
 
 
@@ -132,11 +135,12 @@ def layering_violations(graph):
 def test_the_graph_reads_every_sub_package():
     graph = import_graph()
     assert {"api", "torch", "fla_compat", "errors", "library.loader", "library.identity", "spec.problem",
-            "intake.validation", "plan.launcher", "plan.cp_plan", "references.reference"} <= set(graph)
+            "intake.validation", "plan.launcher", "plan.cp_plan", "reference", "references.reference_np"} <= set(graph)
     assert {"library.loader", "spec.problem"} <= set(graph["plan.launcher"])
     assert "plan.cp_plan" in graph["plan.call_plan"]  # `from . import cp_plan` inside a sub-package
     assert "errors" in graph["library.loader"]  # `from ..errors import ...`
     assert "plan.call_plan" in graph["api"]  # `from .plan import call_plan`
+    assert role("reference") == "references" and role("errors") == "library" and role("bench") == "tools"
 
 
 def test_the_runtime_imports_in_one_direction():

@@ -124,8 +124,8 @@ def test_every_state_kernel_has_an_accurate_twin_and_nothing_else_does():
 
 def _reference():
     """The torch reference (its emulation of both recipes); the tests that use it skip without torch."""
-    pytest.importorskip("torch", reason="the recipe emulation (kda_aot/references/reference.py) runs on torch")
-    from kda_aot.references import reference
+    pytest.importorskip("torch", reason="the recipe emulation (kda_aot/reference.py) runs on torch")
+    from kda_aot import reference
 
     return reference
 

@@ -40,7 +40,7 @@ def test_restated_constants_are_the_abi_constants():
 def test_the_torch_reference_reads_the_same_log2e():
     pytest.importorskip("torch")
     from kda_aot.library import abi_constants
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     assert reference.LOG2E is abi_constants.LOG2E
 

@@ -1,4 +1,4 @@
-"""CPU tests of kda_aot.references.reference (docs/algorithm.md §2.2-2.5, §6): gold vs chunked, rounding emulation,
+"""CPU tests of kda_aot.reference (docs/algorithm.md §2.2-2.5, §6): gold vs chunked, rounding emulation,
 varlen/padding/isolation semantics. Small H and T so the file runs in well under a minute."""
 
 import pytest
@@ -7,8 +7,8 @@ import pytest
 # the NumPy references (tests/cpu/test_reference_np.py) run without torch.
 torch = pytest.importorskip("torch", reason="torch is not installed (tests of the torch reference, reference.py)")
 
-from kda_aot.references import reference as R
-from kda_aot.references.reference import chunked_prefill, gold_prefill, make_inputs, rel_rmse
+from kda_aot import reference as R
+from kda_aot.reference import chunked_prefill, gold_prefill, make_inputs, rel_rmse
 
 EXACT_TOL = 1e-10  # chunked float64 algebra vs per-token float64 recurrence
 EMU_TOL = 1e-2  # §2.4 emulation vs float64 gold

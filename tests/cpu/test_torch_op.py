@@ -23,7 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 import kda_aot  # noqa: E402
 import kda_aot.torch as kt  # noqa: E402
 from kda_aot import api  # noqa: E402
-from kda_aot.references import reference
+from kda_aot import reference
 
 D = 128
 

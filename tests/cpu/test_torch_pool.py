@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 import kda_aot.torch as kt  # noqa: E402
 from kda_aot import api  # noqa: E402
-from kda_aot.references import reference
+from kda_aot import reference
 
 sys.path.insert(0, os.path.dirname(__file__))
 from torch_stand_ins import FORMS, gold, with_forms  # noqa: E402

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 @pytest.mark.parametrize("B,T,H,state", [(1, 8192, 8, "fp32"), (2, 4096, 4, "bf16"), (3, 3000, 2, None)])
 def test_dense_cp_matches_serial_and_packed(B, T, H, state):
     import kda_aot
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     x = reference.make_inputs((B, T), H, seed=4, device="cuda", state=state)
     args = dict(A_log=x["A_log"], dt_bias=x["dt_bias"], initial_state=x["initial_state"], output_final_state=True)

@@ -23,7 +23,7 @@ FLOOR = 2e-4  # ... plus this much relative RMSE
 
 
 def _inputs(name, seed=0):
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     lens, H, g_mean, lb = CASES[name]
     x = reference.make_inputs(lens, H, seed=seed, device="cuda", state="fp32")
@@ -45,7 +45,7 @@ def _run(x, cp, hint=True, **kw):
 @pytest.fixture(scope="module")
 def cases():
     """Serial results and the float64 gold, computed once per case."""
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     out = {}
     for name in CASES:
@@ -56,7 +56,7 @@ def cases():
 
 
 def _errors(result, gold):
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     return reference.rel_rmse(result[0], gold[0]), reference.rel_rmse(result[1], gold[1])
 

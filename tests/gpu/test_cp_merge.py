@@ -76,7 +76,7 @@ def _launch(name, p, n_heads, carries):
     import torch
 
     from kda_aot.library.loader import get_library
-    from kda_aot.references.reference import m_seg_swizzle
+    from kda_aot.reference import m_seg_swizzle
 
     dev = carries.device
     m = m_seg_swizzle(p["m"].to(dev))  # the kernel reads m_seg column-swizzled

@@ -45,7 +45,7 @@ class _Problem:
 
     def __init__(self, lib, segs, H, lower_bound, seed=11):
         from kda_aot.plan import launcher, planner
-        from kda_aot.references import reference
+        from kda_aot import reference
         from kda_aot.plan.workspace import workspace_layout
 
         self.lib, self.H = lib, H
@@ -109,7 +109,7 @@ class _Problem:
             p["tile_prefix"], scan_t.data_ptr(), b.data_ptr(), m.data_ptr(), len(self.scan) + idle, self.H,
             self.cap, *_v_strides(self.H), self.stream)
         torch.cuda.synchronize()
-        from kda_aot.references.reference import m_seg_swizzle
+        from kda_aot.reference import m_seg_swizzle
 
         return b, m_seg_swizzle(m)  # pre_scan writes m_seg column-swizzled; the tests read M_j
 

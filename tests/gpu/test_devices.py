@@ -24,7 +24,7 @@ def _call(x, device=None):
 
 _FRESH_PROCESS = r"""
 import json, torch, kda_aot
-from kda_aot.references import reference
+from kda_aot import reference
 from kda_aot.library.loader import get_library
 x = reference.make_inputs([300, 1000], 4, seed=3, device="cuda")
 kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
@@ -48,7 +48,7 @@ def test_a_call_loads_only_its_kernels_on_its_device():
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_call_on_second_gpu_keeps_current_device_and_bits():
-    from kda_aot.references import reference
+    from kda_aot import reference
     from kda_aot.library.loader import get_library
 
     if torch.cuda.get_device_capability(1)[0] != 9:

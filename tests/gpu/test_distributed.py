@@ -35,7 +35,7 @@ EXACT = {"w2 one sequence, aligned cut, fp32"}  # a reset carry at a tile-aligne
 
 
 def _inputs(lens, H, state, seed):
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     x = reference.make_inputs(list(lens), H, seed=seed, state=state)
     gen = torch.Generator().manual_seed(seed + 100)
@@ -78,7 +78,7 @@ def _run_world(world, case_inputs, tmp_path):
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_distributed_prefill_equals_single_gpu(world, case_inputs, tmp_path):
     import kda_aot
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     mine = {name: c for name, c in case_inputs.items() if c["world"] == world}
     assert mine
@@ -138,7 +138,7 @@ def test_slice_transfer_against_float64(segments):
     from S0; one segment's B is K2 from zero bit for bit (§4.6)."""
     import kda_aot
     import kda_aot.distributed as kd
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     x = _transfer_case()
     common = dict(A_log=x["A_log"], dt_bias=x["dt_bias"], lower_bound=x["lower_bound"])

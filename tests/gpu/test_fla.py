@@ -21,7 +21,7 @@ def test_close_to_fla_chunk_kda(lens, H, monkeypatch):
     monkeypatch.setenv("FLA_KDA_AOT", "0")  # FLA's own kernels, whatever backends are registered
     monkeypatch.setenv("FLA_FLASH_KDA", "0")
     import kda_aot
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     x = reference.make_inputs(lens, H, seed=13, device="cuda", state="fp32")
     o, s = kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],

@@ -68,7 +68,7 @@ def _both(fn, monkeypatch, counted):
 
 
 def _rel_rmse(a, b):
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     return reference.rel_rmse(a, b)
 

@@ -32,7 +32,7 @@ def _poisoned_like(t):
 @pytest.mark.parametrize("shape,H,state,lb,g_mean", CASES, ids=lambda c: str(c).replace(" ", ""))
 def test_bitwise_equal_to_flashkda(shape, H, state, lb, g_mean):
     import kda_aot
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     x = reference.make_inputs(shape, H, seed=11, device="cuda", state=state, g_mean=g_mean, lower_bound=lb)
     B, T = x["q"].shape[:2]

@@ -28,7 +28,7 @@ CASES = {
 
 
 def _case(name, seed=0):
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     shape, H, state, has_in, has_out = CASES[name]
     x = reference.make_inputs(shape, H, seed=seed, device="cuda", state=state or "fp32",
@@ -74,7 +74,7 @@ def test_one_workspace_for_the_maxima_serves_smaller_calls_with_prefix_slices():
     scheduler's maxima, and the workspace comes from get_workspace_size(max tokens, H, max seqs)."""
     import kda_aot
     from kda_aot import flashkda_compat as fk
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     T_max, H, N_max = 8192, 8, 16
     ws = torch.empty(fk.get_workspace_size(T_max, H, N_max), dtype=torch.uint8, device="cuda")
@@ -98,7 +98,7 @@ def test_one_workspace_for_the_maxima_serves_smaller_calls_with_prefix_slices():
 def test_cp_workspace_bound_serves_split_calls():
     import kda_aot
     from kda_aot import flashkda_compat as fk
-    from kda_aot.references import reference
+    from kda_aot import reference
     from kda_aot.library.streams import sm_count
 
     H = 2

@@ -30,7 +30,7 @@ def _host(t):
 
 def _torch_case(seed):
     import kda_aot
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     x = reference.make_inputs(LENS, H, seed=seed, device="cuda", state="fp32")
     o, s = kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
@@ -172,7 +172,7 @@ def test_cupy_streams_destroyed_before_the_arena_is_freed(cupy):
 
 @pytest.mark.parametrize("name", ["out", "final_state"])
 def test_read_only_output_is_refused_and_left_untouched(name):
-    from kda_aot.references import reference
+    from kda_aot import reference
     from kda_aot.intake.dlpack_export import KDL_CUDA, DLPackExport
 
     x = reference.make_inputs(LENS, H, seed=5, device="cuda", state="fp32")

@@ -80,7 +80,7 @@ def run(case, **kw):
 
 
 def gold(case):
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     return reference.gold_prefill(case["q"], case["k"], case["v"], case["g"], case["beta"], case["A_log"],
                                   case["dt_bias"], case["lower_bound"], None, case["initial_state"],
@@ -95,7 +95,7 @@ def fla_errors(case, o64, s64):
         from fla.ops.kda import chunk_kda
     except ImportError:
         return None
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     gate = case["gate"]
     kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=gate != "log_decay",
@@ -121,7 +121,7 @@ def fla_errors(case, o64, s64):
 
 
 def check_against_gold(case, o, s, o64, s64, what, numerics, fla):
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     eo, es = reference.rel_rmse(o, o64), reference.rel_rmse(s, s64)
     assert torch.isfinite(o.float()).all() and torch.isfinite(s.float()).all(), what
@@ -148,7 +148,7 @@ FORMS = [  # (gate, beta_form, neg, g_fp32, beta_fp32)
 @pytest.mark.parametrize("cls", ["model", "heavy", "long"])
 @pytest.mark.parametrize("form", FORMS, ids=lambda f: "-".join(str(x) for x in f))
 def test_form_against_gold_serial_and_cp(form, cls):
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     gate, beta_form, neg, g_fp32, beta_fp32 = form
     case = make_case(cls, gate, beta_form, [1500, 2600], 4, neg=neg, g_fp32=g_fp32, beta_fp32=beta_fp32)

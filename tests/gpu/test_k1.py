@@ -59,7 +59,7 @@ def _run_k1(lib, x, kernel="k1_prepare"):
 
 def _reference_tiles(x, approx, accurate=False):
     """Per sequence: the reference's K1 quantities, [tiles, H, ...] (K1' with `accurate`)."""
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     m = (reference._AccurateMath if accurate else reference._EmulateMath)(approx)
     q = x["q"]
@@ -88,7 +88,7 @@ def _reference_tiles(x, approx, accurate=False):
 def test_k1_workspace_matches_reference(gpu_approx, shape, H, kernel):
     """K1 against the FlashKDA recipe's K1 stage, K1' (numerics="accurate", the gated operands
     rounded once) against the accurate emulation's: every region bit for bit."""
-    from kda_aot.references import reference
+    from kda_aot import reference
     from kda_aot.library.loader import get_library
 
     lib = get_library()

@@ -92,7 +92,7 @@ def _skip_without_gpu():
 @pytest.mark.parametrize("name", SERIAL)
 @pytest.mark.parametrize("state", [None, "bf16", "fp32"])
 def test_serial_is_bitwise_equal_to_k2(monkeypatch, name, state, mode, numerics):
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     _skip_without_gpu()
     lens, H = SERIAL[name]
@@ -110,7 +110,7 @@ def test_serial_is_bitwise_equal_to_k2(monkeypatch, name, state, mode, numerics)
 @pytest.mark.parametrize("state", [None, "bf16", "fp32"])
 @pytest.mark.parametrize("final", [False, True], ids=["no-final", "final"])
 def test_cp_is_bitwise_equal_to_k2(monkeypatch, name, state, final, mode, numerics):
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     _skip_without_gpu()
     lens, H, cp = CP[name]
@@ -127,7 +127,7 @@ def test_cp_is_bitwise_equal_to_k2(monkeypatch, name, state, final, mode, numeri
 def test_state_pool_and_checkpoints_are_bitwise_equal_to_k2(monkeypatch, cp, dtype, mode):
     """Slots by index, one of them -1 (padding: no entry read, nothing written), a gap between the
     pool's slots, and checkpoints every 64 tokens."""
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     _skip_without_gpu()
     lens, H = [3000, 0, 700, 77, 1600], 4

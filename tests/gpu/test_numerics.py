@@ -100,7 +100,7 @@ def test_accurate_kernels_match_their_emulation(serial, gpu_approx, name):
     1.7e-3 / 0.9e-3. The two recipes are 7.4e-3 / 6.8e-3 apart, and a wrong index or a lost hi/lo
     half shows at 1e-2 and above: the kernels must sit at least twice as close to their own recipe
     as to the other one."""
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     x, results, _ = serial[name]
     o, s = results["accurate"]
@@ -116,7 +116,7 @@ def test_accurate_kernels_match_their_emulation(serial, gpu_approx, name):
 def test_accurate_fp32_state_passes_through_empty_sequences_exactly(cp):
     """An fp32 state is not rounded in accurate mode: an empty sequence returns its initial state
     bit for bit (flashkda rounds it to bf16, docs/algorithm.md §2.4 Q6)."""
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     # the gold set's "empty sequences" case with a third sequence long enough for CP to split
     y = reference.make_inputs([0, 0, 1500, 0], 2, seed=3, device="cuda", state="fp32", g_mean=-8.0)

@@ -1,6 +1,6 @@
 """Serial prefill (K1 + K2) on the GPU: against the GPU reference, the float64 gold, and itself.
 
-The GPU reference is kda_aot.references.reference.chunked_prefill(mode="emulate") run with torch on the GPU,
+The GPU reference is kda_aot.reference.chunked_prefill(mode="emulate") run with torch on the GPU,
 with the kernels' own PTX approximations (ex2.approx.ftz, tanh.approx, rsqrt.approx, from the
 library's test kernels) substituted for the exact functions.
 """
@@ -23,7 +23,7 @@ def lib():
 
 
 def _inputs(shape, H, seed, state=None):
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     return reference.make_inputs(shape, H, seed=seed, device="cuda", state=state)
 
@@ -59,7 +59,7 @@ CASES = [
 @pytest.mark.parametrize("shape,H,state", CASES)
 @pytest.mark.parametrize("split", [1, 2, 4])
 def test_matches_gpu_reference(lib, gpu_approx, shape, H, state, split):
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     x = _inputs(shape, H, seed=11, state=state)
     o, s = _run(x, value_split=split)
@@ -96,7 +96,7 @@ SHAPES_TO_8192 = [((1, 8192), 2), ([4096, 1, 2047, 33], 2), ((3, 500), 1)]
 @pytest.mark.parametrize("shape,H", SHAPES_TO_8192)
 @pytest.mark.parametrize("gate", ["uniform", "normal", "strong-decay"])
 def test_close_to_float64_gold(lib, shape, H, gate):
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     x = _fk_accuracy_inputs(shape, H, gate)
     o, s = _run(x)
@@ -110,7 +110,7 @@ def test_close_to_float64_gold(lib, shape, H, gate):
 def test_random_inputs_close_to_gold(lib, shape, H):
     """make_inputs' N(0,1) inputs: the bf16 recipe itself sits near 5.7e-3 on the output here (the
     CPU emulation measures the same), so the bound is the recipe's own error plus a margin."""
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     x = _inputs(shape, H, seed=21, state="fp32")
     o, s = _run(x)
@@ -131,7 +131,7 @@ def test_weak_decay_error_is_the_recipe_error(lib, gpu_approx, shape, H):
     reference: output 1.2e-3 to 2.4e-3, final state 2.1e-3 to 6.2e-3 at T=8192; both sit about
     1e-2 from the gold). The kernel must stay within 1e-2 of the GPU reference and 2e-2 of the
     gold."""
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     x = _fk_accuracy_inputs(shape, H, "weak-decay")
     o, s = _run(x)

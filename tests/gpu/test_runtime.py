@@ -16,7 +16,7 @@ SHAPES = {
 
 
 def _inputs(lens, H, seed, state="fp32"):
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     return reference.make_inputs(lens, H, seed=seed, device="cuda", state=state)
 
@@ -225,7 +225,7 @@ def test_bogus_stream_raises_instead_of_faulting():
     import sys
 
     code = ("import torch, kda_aot\n"
-            "from kda_aot.references import reference\n"
+            "from kda_aot import reference\n"
             "x = reference.make_inputs([64], 1, seed=0, device='cuda')\n"
             "try:\n"
             "    kda_aot.prefill(x['q'], x['k'], x['v'], x['g'], x['beta'], A_log=x['A_log'], dt_bias=x['dt_bias'],\n"

@@ -224,7 +224,7 @@ def test_checkpoint_edges_dense_short_and_empty():
 
     H = 2
     # dense [B, T]: sequence n starts at n*T
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     x = reference.make_inputs((2, 160), H, seed=12, device="cuda")
     x.pop("initial_state", None)

@@ -20,7 +20,7 @@ NAMES = ("q", "k", "v", "g", "beta")
 
 
 def _inputs(shape, H, seed):
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     return reference.make_inputs(shape, H, seed=seed, device="cuda", state="fp32")
 

@@ -27,7 +27,7 @@ FLAGS = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sig
 
 
 def _inputs(shape, H, seed, state="fp32"):
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     return reference.make_inputs(shape, H, seed=seed, device="cuda", state=state)
 
@@ -332,7 +332,7 @@ def test_chunk_kda_matches_fla(name, state_v_first, monkeypatch):
     monkeypatch.setenv("FLA_KDA_AOT", "0")  # FLA's own kernels, not kda-aot's backend
     monkeypatch.setenv("FLA_FLASH_KDA", "0")
     import kda_aot.torch as kt
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     shape, H, state = FLA_CASES[name]
     x = _inputs(shape, H, seed=17, state=state)

@@ -125,7 +125,7 @@ def _checkpoint_slots(lens, slots, avoid):
 def test_vllm_prefill_step_pool_and_flashkda_fwd_equal_the_step_by_hand():
     import kda_aot
     from kda_aot import flashkda_compat as fk
-    from kda_aot.references import reference
+    from kda_aot import reference
 
     # sized once, for the scheduler's maxima
     ws = torch.empty(fk.get_workspace_size(MAX_NUM_BATCHED_TOKENS, H, MAX_NUM_SEQS), dtype=torch.uint8,
