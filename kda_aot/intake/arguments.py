@@ -23,7 +23,7 @@ from .validation import _host_entries, check_cu_seqlens_host, check_cu_seqlens_v
 
 TENSOR_ARGS = prefill_args.NAMES + ("workspace",)  # the order of `tensors` in prefill and workspace_size
 VALIDATE_MODES = ("device", "host")
-_CU_SEQLENS = TENSOR_ARGS.index("cu_seqlens")
+_CU_SEQLENS, _STATE_POOL, _STATE_INDICES = (TENSOR_ARGS.index(n) for n in ("cu_seqlens", "state_pool", "state_indices"))
 
 
 def check_options(final_state, output_final_state, state_pool, validate) -> None:
@@ -67,7 +67,7 @@ def host_hints(torch, tensors: tuple, stream, handle, seq_lens, cu_seqlens_cpu, 
     """The host hint of the sequence lengths as a plan key (hint_key), with state_indices_cpu
     checked; validate="host" reads cu_seqlens (planning with it) and state_indices back."""
     hint = hint_key(seq_lens, cu_seqlens_cpu)
-    state_pool, state_indices = tensors[TENSOR_ARGS.index("state_pool")], tensors[TENSOR_ARGS.index("state_indices")]
+    state_pool, state_indices = tensors[_STATE_POOL], tensors[_STATE_INDICES]
     if state_indices_cpu is not None:
         check_indices_hint(state_indices_cpu, state_indices, state_pool)
     if validate == "host":
