@@ -4,7 +4,7 @@
 
 Writes into DIR: one <variant>.o/.h per kernel, kernel_table.h (the rows the C shim walks),
 objects.txt (what CMake links), manifest.json (what the runtime reads and checks against its own
-expectation: kda_aot/identity.py) and _build_revision.txt (the git revision, which CMake installs
+expectation: kda_aot/library/identity.py) and _build_revision.txt (the git revision, which CMake installs
 into the package so the runtime knows its own revision). CMake runs this at configure time; it
 also runs standalone for compile-only checks.
 """
@@ -141,7 +141,7 @@ def main(argv=None) -> int:
               "python -m build_kernels.abi --write", file=sys.stderr, flush=True)
     revision = _git_revision()
     manifest = {
-        "format": ABI_CONSTANTS.MANIFEST_FORMAT,  # what kda_aot.identity reads
+        "format": ABI_CONSTANTS.MANIFEST_FORMAT,  # what kda_aot.library.identity reads
         "package_version": _package_version(),
         "git_revision": revision,
         "abi_hash": abi.abi_hash(variants),

@@ -1,9 +1,9 @@
 """The numbers both wings must agree on: head dimension, tile size, K2 value blocks, workspace slots.
 
 Defined here, on the build side, and carried to the runtime one way: `python -m build_kernels.abi
---write` renders them into kda_aot/_abi.py beside the kernel signatures, and kda_aot/abi_constants.py
+--write` renders them into kda_aot/library/_abi.py beside the kernel signatures, and kda_aot/library/abi_constants.py
 reads them from there (a CPU test and `--check` keep the generated file fresh). The build writes
-manifest_constants() into the manifest, and kda_aot.identity refuses a library whose manifest says
+manifest_constants() into the manifest, and kda_aot.library.identity refuses a library whose manifest says
 otherwise: a library compiled with another tile or slot size would read the workspace wrongly.
 Stdlib only.
 """
@@ -50,7 +50,7 @@ def regstate_name(k2_name: str) -> str:
     return k2_name.replace(*REGSTATE_RENAME, 1)
 
 
-# What kda_aot/_abi.py carries to the runtime (build_kernels/abi.py renders them), in this order.
+# What kda_aot/library/_abi.py carries to the runtime (build_kernels/abi.py renders them), in this order.
 RUNTIME_NAMES = ("MANIFEST_FORMAT", "D", "CHUNK", "LOG2E", "VALUE_BLOCKS", "WORKSPACE_ALIGN", "TILE_IMAGE_BYTES",
                  "SLOT_BYTES", "STATE_BYTES", "MAX_SLOTS", "REGSTATE_RENAME")
 

@@ -2,7 +2,7 @@
 
 ptxas records both per function in the .nv.info section as EIATTR_REGCOUNT (0x2f) and
 EIATTR_FRAME_SIZE (0x11), each an (ELF symbol index, value) pair. A kernel that spills has a
-non-zero frame. The build machine has no cuobjdump, so tests/test_build_ptx.py reads these here
+non-zero frame. The build machine has no cuobjdump, so tests/build/test_ptx.py reads these here
 to check that a kernel whose speed depends on its CTAs per SM still fits them, without spills.
 """
 

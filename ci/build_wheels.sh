@@ -125,6 +125,9 @@ with zipfile.ZipFile(wheel) as z:
     names = z.namelist()
 assert "kda_aot/_lib/libkda_kernels.so" in names, "library missing from the wheel"
 assert "kda_aot/py.typed" in names, "py.typed missing from the wheel"
+missing = [f"kda_aot/{sub}/__init__.py" for sub in ("intake", "library", "plan", "references", "spec")
+           if f"kda_aot/{sub}/__init__.py" not in names]
+assert not missing, f"sub-packages missing from the wheel: {missing}"
 assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE") for n in names), \
     "LICENSE missing from the wheel's dist-info"
 assert m["cuda_flavour"] == flavour, f"manifest flavour {m['cuda_flavour']} != {flavour}"

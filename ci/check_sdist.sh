@@ -12,7 +12,7 @@
 #    (the cu12 flavour, cached in ~/.cache/kda-aot-build like every build), plus torch==2.13.0
 #    (the CPU build that lies on disk here; never an unpinned torch);
 # 4. runs tests/ of this repository against that install from outside the source tree (GPU tests
-#    skip without a Hopper GPU; tests/test_build_ptx.py skips without the DSL, which a build from
+#    skip without a Hopper GPU; tests/build/test_ptx.py skips without the DSL, which a build from
 #    the sdist only installs into pip's isolated build environment).
 # The sdist is copied to DIR (default dist/ of this repository).
 set -euo pipefail

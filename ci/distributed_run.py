@@ -11,7 +11,7 @@ sequences, the middle one spanning the two-rank boundary) and state (none, bf16,
     kda_aot.prefill(cp="off") of the whole batch on rank 0's GPU: rank 0's rows and the final states
     of sequences that begin and end on rank 0 bit for bit; everything as close to the float64 gold
     (reference.gold_prefill on rank 0's GPU; --no-gold skips it) as serial is: the CP bound of
-    tests/test_cp_long_memory_gpu.py, 1.1 x serial's relative RMSE + 2e-4. Inputs keep state over
+    tests/gpu/test_cp_long_memory.py, 1.1 x serial's relative RMSE + 2e-4. Inputs keep state over
     thousands of tokens (g ~ N(-8, 1)), so a wrong carry shows;
   the distributed calls of the check run every local piece with cp="off";
   timings (fp32 states, cp="auto"; median of --iters, CUDA events, ms): one GPU (whole batch on rank

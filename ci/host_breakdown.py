@@ -20,7 +20,8 @@ import torch
 
 import kda_aot
 from kda_aot import api, bench
-from kda_aot.program import pack_inputs
+from kda_aot.intake import arguments
+from kda_aot.plan.program import pack_inputs
 
 
 def per_call(fn, gpu=True):
@@ -47,14 +48,14 @@ def main():
 
     given()
     named = dict(x, cu_seqlens=cu, out=out, final_state=final, workspace=ws)
-    tensors = tuple(named.get(name) for name in api._TENSOR_ARGS)  # prefill's argument order
+    tensors = tuple(named.get(name) for name in arguments.TENSOR_ARGS)  # prefill's argument order
     key, plan = next(iter(api._PLANS.items()))  # the plan given() built, under prefill's own key
     ptrs = [0 if t is None else t.data_ptr() for t in tensors] + [torch._C._cuda_getCurrentRawStream(0)]
     packed = pack_inputs(ptrs)
     n = sum(t is not None for t in tensors)
     rows = [
-        (f"_torch_intake: signature and pointers ({len(tensors)} arguments, {n} given)",
-         per_call(lambda: api._torch_intake(torch.Tensor, tensors), gpu=False)),
+        (f"torch_intake: signature and pointers ({len(tensors)} arguments, {n} given)",
+         per_call(lambda: arguments.torch_intake(torch.Tensor, tensors), gpu=False)),
         (f"data_ptr x{n}", per_call(lambda: [0 if t is None else t.data_ptr() for t in tensors], gpu=False)),
         ("plan lookup (hash key)", per_call(lambda: api._PLANS.get(key), gpu=False)),
         ("check_pointers", per_call(lambda: plan.check_pointers(ptrs), gpu=False)),

@@ -7,7 +7,7 @@ Writes DIR/numerics_table.md (and .json) as it goes, so a run cut short keeps wh
 1. time per call of both modes (kernels mode of kda_aot.bench: given outputs, host lengths,
    cp="auto", median of CUDA events) on the benchmark shapes;
 2. relative RMSE of output and final state against float64 per input class of
-   kda_aot/input_classes.py (random, model, long, heavy, logdecay) and gate form (safe, softplus,
+   kda_aot/references/input_classes.py (random, model, long, heavy, logdecay) and gate form (safe, softplus,
    log_decay with an fp32 g), H=2, one sequence, fp32 initial state, serial and cp="on", both
    modes, FLA beside them; then against reference.gold_prefill (float64, per token, on
    the GPU) for H=2, one sequence of each length, fp32 initial state, per input class (short
@@ -165,7 +165,9 @@ def fla_errors(x, gold):
 
 def ablation(report: Report, iters: int, warmup: int, lengths=(8192,), fla: bool = False) -> None:
     import kda_aot
-    from kda_aot import bench, planner, reference
+    from kda_aot import bench
+    from kda_aot.plan import planner
+    from kda_aot import reference
 
     plan_serial = planner.plan_serial
     level = {"value": None}
@@ -258,7 +260,8 @@ def class_accuracy(report: Report, lengths, fla: bool) -> None:
     import torch
 
     import kda_aot
-    from kda_aot import bench, input_classes
+    from kda_aot import bench
+    from kda_aot.references import input_classes
 
     cases = []
     for cls, form in CLASS_FORMS:

@@ -12,7 +12,7 @@ cd "$REPO"
 source "$REPO/ci/venv.sh"
 venv_setup test.sh
 venv_ensure_torch
-# The DSL is a build requirement only, but tests/test_build_ptx.py compiles kernels itself.
+# The DSL is a build requirement only, but tests/build/test_ptx.py compiles kernels itself.
 venv_install_package ".[test]" "nvidia-cutlass-dsl==4.8.1"
 say "running pytest $* on the installed package"
 cd /tmp  # tests import the installed package, not the source tree

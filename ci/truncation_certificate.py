@@ -7,7 +7,7 @@ is exact only when the true entry state's influence has died out. Each delta-rul
 contraction followed by a decay, so that influence is bounded by the product over the W tokens of
 the largest per-channel decay, C(W) = prod_t max_c alpha_t[c] (the certificate a device could
 compute from the actual decays). This script computes C on the benchmark's input classes
-(kda_aot/input_classes.py) and reports the warm-up W at which C(W) <= eps, over all heads and
+(kda_aot/references/input_classes.py) and reports the warm-up W at which C(W) <= eps, over all heads and
 start positions: the answer to whether such a certificate holds on model-like gates. No GPU.
 """
 
@@ -17,7 +17,7 @@ import argparse
 
 import numpy as np
 
-from kda_aot import input_classes as ic
+from kda_aot.references import input_classes as ic
 
 
 def certificate_lengths(logd: np.ndarray, eps: float, horizon: int) -> np.ndarray:

@@ -11,7 +11,7 @@ def _version() -> str:
     """The version from this package's own metadata (pyproject.toml in a source tree, else the
     installed distribution: kda-aot, kda-aot-cu12 or kda-aot-cu13), never from the build
     manifest, which the loader checks against it (identity.py)."""
-    from .identity import package_version
+    from .library.identity import package_version
 
     return package_version()
 
@@ -19,7 +19,7 @@ def _version() -> str:
 __version__ = _version()
 
 from .api import Checkpoints, empty_cache, info, prefill, workspace_size, workspace_size_for  # noqa: E402
-from .cp_plan import CPPlan, NotSplittableError, plan_prefill  # noqa: E402
-from .loader import CudaError, KdaError, LibraryNotFoundError  # noqa: E402
+from .plan.cp_plan import CPPlan, NotSplittableError, plan_prefill  # noqa: E402
+from .library.loader import CudaError, KdaError, LibraryNotFoundError  # noqa: E402
 
 __all__ = ["prefill", "Checkpoints", "workspace_size", "workspace_size_for", "empty_cache", "info", "plan_prefill", "CPPlan", "NotSplittableError", "CudaError", "KdaError", "LibraryNotFoundError", "__version__"]

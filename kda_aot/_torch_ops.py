@@ -46,7 +46,7 @@ from typing import List, Optional, Tuple
 
 import torch  # absolute: the top-level torch
 
-from .abi_constants import D
+from .library.abi_constants import D
 from . import api
 
 

@@ -1,9 +1,11 @@
 """Public functions: `prefill`, `workspace_size`, `empty_cache` and `info`.
 
-`prefill` is the validation wall's only door. The first call of a problem shape runs the whole
-wall (validation.py) and builds a CallPlan (call_plan.py); later calls of that shape read their
-pointers, repeat the pointer checks, allocate what the caller did not pass and launch the whole
-kernel sequence with one native call. Nothing is read back to the host unless the caller asks
+`prefill` is the validation wall's only door, in four steps (docs/call_path.md): intake
+(intake/arguments.py reads the tensors and the stream), the host hints (the same module), the wall
+and the plan (the first call of a problem shape runs the whole wall, intake/validation.py, and
+builds a CallPlan, plan/call_plan.py; later calls of that shape find it by key and repeat the
+pointer checks), and the launch (allocate what the caller did not pass and run the whole kernel
+sequence with one native call). Nothing is read back to the host unless the caller asks
 (`validate="host"`), so a call never synchronises and can be captured into a CUDA graph
 (docs/call_path.md).
 """
@@ -14,18 +16,18 @@ import sys
 import threading
 from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
 
-import numpy as np
-
-from . import __version__, call_plan, frameworks, pending, prefill_args, streams
-from .abi_constants import D
-from .call_plan import CallPlan, UnsafePointers
-from .loader import CudaError, KdaError, get_library, library_dir
-from .program import SLOT, pack_inputs
-from .tensors import TensorDesc, describe
-from .stream_check import check_stream_handle, stream_device
-from .validation import (ALIGNMENT, _host_entries, check_cu_seqlens_host, check_cu_seqlens_values, check_seq_lens,
-                         extent_bytes, int_entries, validate_prefill)
-from .workspace import ARENA
+from . import __version__
+from .intake import arguments, frameworks, pending
+from .intake.tensors import TensorDesc
+from .intake.validation import ALIGNMENT, extent_bytes, validate_prefill
+from .library import streams
+from .library.abi_constants import D
+from .library.loader import CudaError, KdaError, get_library, library_dir
+from .plan import call_plan
+from .plan.call_plan import CallPlan, UnsafePointers
+from .plan.program import SLOT, pack_inputs
+from .plan.workspace import ARENA
+from .spec import prefill_args
 
 
 class Checkpoints(NamedTuple):
@@ -38,8 +40,6 @@ class Checkpoints(NamedTuple):
     states: Any
     index: Any
 
-_TENSOR_ARGS = prefill_args.NAMES + ("workspace",)  # the order of `tensors` in prefill and workspace_size
-_VALIDATE_MODES = ("device", "host")
 
 # CallPlans by key (shapes, dtypes, devices, scalars, options; never a pointer or a caller's object).
 _PLANS: dict = {}
@@ -110,268 +110,54 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any = None, dt_
     one of checkpoint_state / checkpoint_slots; not with checkpoint_every. The return value is
     unchanged.
     """
-    if final_state is not None and not output_final_state:
-        raise ValueError("final_state: a buffer was given but output_final_state=False")
-    if state_pool is not None and output_final_state:
-        raise ValueError("state_pool: cannot be combined with output_final_state; the final states are written "
-                         "back into the pool at state_indices")
-    if validate not in _VALIDATE_MODES:
-        raise ValueError(f"validate: expected 'device' or 'host', got {validate!r}")
+    arguments.check_options(final_state, output_final_state, state_pool, validate)
     tensors = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state, state_pool,
                state_indices, checkpoints, checkpoint_index, checkpoint_state, checkpoint_offsets, checkpoint_slots,
                workspace)
-    torch = sys.modules.get("torch")
-    intake = None if torch is None else _torch_intake(torch.Tensor, tensors)
-    handle = None
-    if intake is not None:
-        sig, ptrs = intake
-        descs = None
-    else:
-        torch = None
-        handle = _intake_stream(q, stream)
-        descs = _describe_all(tensors, frameworks.consumer_stream(handle))
-        sig = tuple(None if d is None else (d.shape, d.strides, d.dtype, d.device, d.device_id,
-                                            getattr(d, "readonly", False)) for d in descs)
-        ptrs = [0 if d is None else d.ptr for d in descs]
-    hint = _hint_key(seq_lens, cu_seqlens_cpu)
-    if state_indices_cpu is not None:
-        _check_indices_hint(state_indices_cpu, state_indices, state_pool)
-    if validate == "host":
-        hint = _read_back_hint(torch, tensors, hint, stream, handle)
-        if state_indices is not None and state_pool is not None:
-            _read_back_indices(torch, state_indices, state_pool, stream)
+    torch, sig, ptrs, descs, handle = arguments.read(tensors, stream)
+    hint = arguments.host_hints(torch, tensors, stream, handle, seq_lens, cu_seqlens_cpu, state_indices_cpu, validate)
+    options = (lower_bound, scale, output_final_state, cp, hint, value_split, checkpoint_every, numerics,
+               (gate, beta_form, allow_neg_eigval))
     # a torch tensor's signature holds its contiguity only: the pool's slot stride joins the key
-    pool_stride = state_pool.stride() if intake is not None and state_pool is not None else None
-    form = (gate, beta_form, allow_neg_eigval)
-    options = (type(lower_bound), lower_bound, type(scale), scale, bool(output_final_state), type(cp), cp,
-               hint, value_split, type(checkpoint_every), checkpoint_every, pool_stride, type(numerics), numerics,
-               tuple(type(x) for x in form), form)
-    try:
-        key = (sig, options)
-        plan = _PLANS.get(key)
-    except TypeError:  # an unhashable option: let the wall name it
-        key, plan = None, None
-    if plan is None:
-        descs = descs or _describe_all(tensors)
-        plan = _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split, checkpoint_every,
-                           numerics, form)
-        if key is not None:
-            _remember(key, plan)
-    try:
-        plan.check_pointers(ptrs)
-    except UnsafePointers:
-        descs = descs or _describe_all(tensors)
-        _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split,
-                    checkpoint_every, numerics, form)  # raises, naming it
-        if descs[-1] is not None:  # the wall does not know the workspace: it overlaps something
-            raise ValueError("workspace: overlaps an input or output of the call; pass a separate buffer")
-        raise KdaError("internal error: a pointer check failed that the validation wall accepts")
-
-    problem = plan.problem
-    handle = _stream(torch, stream, problem.device_id) if torch is not None else handle
-    outputs = _allocate(torch, q, plan, out, final_state, workspace, handle, stream, checkpoints, checkpoint_index)
-    o, fs, ws_obj, ck, ck_index = outputs
-    if torch is not None:
-        ptrs[SLOT["out"]] = o.data_ptr()
-        if fs is not None:
-            ptrs[SLOT["final_state"]] = fs.data_ptr()
-        if ws_obj is not None:
-            ptrs[SLOT["workspace"]] = ws_obj.data_ptr()
-        if ck is not None:
-            ptrs[SLOT["checkpoints"]] = ck.data_ptr()
-            ptrs[SLOT["checkpoint_index"]] = ck_index.data_ptr()
-    else:
-        ptrs[SLOT["out"]] = frameworks.data_ptr(o, "out")
-        if fs is not None:
-            ptrs[SLOT["final_state"]] = frameworks.data_ptr(fs, "final_state")
-        if ck is not None:
-            ptrs[SLOT["checkpoints"]] = frameworks.data_ptr(ck, "checkpoints")
-            ptrs[SLOT["checkpoint_index"]] = frameworks.data_ptr(ck_index, "checkpoint_index")
-    ptrs.append(handle)
-    program = plan.launch.program
-    if torch is None and not plan.workspace_given and plan.workspace_bytes:
-        with ARENA.lease(problem.device_id, handle, plan.workspace_bytes) as base:
-            ptrs[SLOT["workspace"]] = base
-            program.run(pack_inputs(ptrs))
-    else:
-        program.run(pack_inputs(ptrs))
-    if torch is None:
-        o, fs, ck, ck_index = frameworks.deliver(q, tensors, (o, fs, ck, ck_index), problem.device_id, handle)
-    if ck is not None:
-        return o, (fs if output_final_state else None), Checkpoints(ck, ck_index)
-    return o, (fs if output_final_state else None)
-
-
-# ---------------------------------------------------------------------------------------------
-# intake
-
-def _describe_all(tensors, stream: int = -1) -> list:
-    """Every argument's DLPack description (None for an absent one), in _TENSOR_ARGS order;
-    `stream` is the DLPack consumer stream (tensors.describe)."""
-    descs = []
-    for name, t in zip(_TENSOR_ARGS, tensors):
-        if t is not None:
-            frameworks.check_argument(t, name)
-        descs.append(None if t is None else describe(t, name, stream))
-    return descs
-
-
-def _intake_stream(q, stream) -> Optional[int]:
-    """The call's stream for a caller that is not torch, known before the DLPack reads (they order
-    the producers' writes before it); None when q is not device memory (the wall refuses it)."""
-    frameworks.check_argument(q, "q")
-    device_id = frameworks.cuda_device(q)
-    if device_id is None:
-        return None
-    return _stream(None, stream, device_id, frameworks.default_stream(q, device_id))
-
-
-def _torch_intake(Tensor, tensors):
-    """(signature, pointers) of torch tensors in one pass, or None when an argument is not a torch
-    tensor (the DLPack intake then reads every argument). The signature is everything the wall
-    checks of a tensor except its address: dtype, shape, layout (True for a contiguous tensor, else
-    its strides: strided views plan with their strides), device, and the neg bit (a neg view's
-    memory holds the un-negated values). Flat, with None for an absent argument: each attribute
-    read costs a few hundred nanoseconds on a serving host, nested tuples more, so the strides are
-    read only for a tensor that is not contiguous."""
-    sig, ptrs = [], []
-    for t in tensors:
-        if t is None:
-            sig.append(None)
-            ptrs.append(0)
-        elif not isinstance(t, Tensor):
-            return None
-        else:
-            sig += (t.dtype, t.shape, t.is_contiguous() or t.stride(), t.get_device(), t.is_neg())
-            ptrs.append(t.data_ptr())
-    return tuple(sig), ptrs
-
-
-def _hint_key(seq_lens, cu_seqlens_cpu):
-    """The host hint as a hashable key: ("lens", ...) or ("cu", ...), or None. Its values are
-    checked against the problem when a plan is built; every entry must be a Python int here so
-    that 1.0 or True can never hit a plan built for 1."""
-    if seq_lens is not None and cu_seqlens_cpu is not None:
-        raise ValueError("seq_lens: pass either seq_lens or cu_seqlens_cpu, not both")
-    if seq_lens is not None:
-        return ("lens", _int_tuple(_host_entries(seq_lens, "seq_lens"), "seq_lens"))
-    if cu_seqlens_cpu is not None:
-        return ("cu", _int_tuple(_host_entries(cu_seqlens_cpu, "cu_seqlens_cpu"), "cu_seqlens_cpu"))
-    return None
-
-
-def _int_tuple(items: list, name: str) -> tuple:
-    """The entries (a list from validation._host_entries) as a tuple of Python ints: as they are
-    when they already are (the common case, one type check each), else through int_entries, which
-    takes numpy integers and refuses bools and floats naming the entry."""
-    for item in items:
-        if type(item) is not int:
-            return tuple(int_entries(items, name))
-    return tuple(items)
-
-
-def _hint_lengths(hint, N: int, T: int) -> Optional[Tuple[int, ...]]:
-    if hint is None:
-        return None
-    kind, values = hint
-    return check_seq_lens(values, N, T) if kind == "lens" else check_cu_seqlens_host(values, N, T)
-
-
-def _read_back_hint(torch, tensors, hint, stream, handle):
-    """validate="host": copy cu_seqlens back (a synchronisation), check it, and plan with it.
-    `handle`: the call's stream when the caller is not torch (None: q is not device memory)."""
-    cu_obj, q_obj = tensors[SLOT["cu_seqlens"]], tensors[0]
-    if cu_obj is None:
-        return hint
-    cu = describe(cu_obj, "cu_seqlens", frameworks.consumer_stream(handle))
-    if cu.device != "cuda" or len(cu.shape) != 1 or cu.dtype not in ("int32", "int64"):
-        return hint  # the wall refuses it, naming it
-    q = describe(q_obj, "q", frameworks.consumer_stream(handle))
-    if torch is not None or handle is None:
-        handle = _stream(torch, stream, cu.device_id)
-    if streams.is_capturing(handle):
-        raise RuntimeError("validate: 'host' reads cu_seqlens back, which cannot happen while the stream is being "
-                           "captured into a CUDA graph; use validate='device' there")
-    values = read_device_array(cu, handle).tolist()
-    T = q.shape[1] if len(q.shape) == 4 else 0
-    check_cu_seqlens_values(values, T)
-    read = ("cu", tuple(int(x) for x in values))
-    if hint is not None and _hint_lengths(hint, len(values) - 1, T) != _hint_lengths(read, len(values) - 1, T):
-        raise ValueError(f"{'seq_lens' if hint[0] == 'lens' else 'cu_seqlens_cpu'}: does not match cu_seqlens "
-                         "read back from the device")
-    return read
-
-
-def _read_back_indices(torch, state_indices, state_pool, stream) -> None:
-    """validate="host" with a state pool: copy state_indices back (a synchronisation) and refuse
-    an index past the pool or a slot used by two sequences (their reads and writes would race)."""
-    idx = describe(state_indices, "state_indices")
-    pool = describe(state_pool, "state_pool")
-    if idx.device != "cuda" or len(idx.shape) != 1 or idx.dtype != "int32" or len(pool.shape) != 4:
-        return  # the wall refuses it, naming it
-    handle = _stream(torch, stream, idx.device_id)
-    if streams.is_capturing(handle):
-        raise RuntimeError("validate: 'host' reads state_indices back, which cannot happen while the stream is "
-                           "being captured into a CUDA graph; use validate='device' there")
-    check_state_indices_host(read_device_array(idx, handle).tolist(), pool.shape[0])
-
-
-def _check_indices_hint(values, state_indices, state_pool) -> None:
-    """state_indices_cpu: the caller's host copy of state_indices, checked like a read-back one
-    (no synchronisation; like seq_lens, it must match the device tensor)."""
-    if state_pool is None or state_indices is None:
-        raise ValueError("state_indices_cpu: a host copy of state_indices, given without state_pool / state_indices")
-    entries = _host_entries(values, "state_indices_cpu")
-    n = _leading_dim(state_indices, "state_indices")
-    if len(entries) != n:
-        raise ValueError(f"state_indices_cpu: expected {n} entries like state_indices, got {len(entries)}")
-    check_state_indices_host(entries, _leading_dim(state_pool, "state_pool"))
-
-
-def _leading_dim(obj, name: str) -> int:
-    shape = getattr(obj, "shape", None)  # torch, CuPy, JAX, TensorDesc; else its DLPack description
-    if shape is None:
-        shape = describe(obj, name).shape
-    if len(shape) < 1:
-        raise ValueError(f"{name}: expected at least one dimension, got shape {tuple(shape)}")
-    return int(shape[0])
-
-
-def check_state_indices_host(values: Sequence[int], n_slots: int) -> None:
-    """Host copy of state_indices: each entry < n_slots, no non-negative slot twice (negative
-    entries are PAD_SLOT_ID-style "no state" and may repeat)."""
-    seen = {}
-    for i, x in enumerate(int_entries(values, "state_indices")):
-        if x >= n_slots:
-            raise ValueError(f"state_indices: entry {i} = {x} is past the pool's {n_slots} slots")
-        if x >= 0:
-            if x in seen:
-                raise ValueError(f"state_indices: slot {x} appears at entries {seen[x]} and {i}; every sequence "
-                                 "needs its own slot (two sequences on one slot would race in place)")
-            seen[x] = i
-
-
-def read_device_array(desc: TensorDesc, stream: int) -> np.ndarray:
-    """Copy a small device array to the host, ordered after the work already on `stream`."""
-    from cuda.bindings import driver
-
-    host = np.empty(desc.shape, dtype=np.dtype(desc.dtype))
-    if host.nbytes:
-        (err,) = driver.cuMemcpyDtoHAsync(host.ctypes.data, desc.ptr, host.nbytes, driver.CUstream(stream))
-        if err == driver.CUresult.CUDA_SUCCESS:
-            (err,) = driver.cuStreamSynchronize(driver.CUstream(stream))
-        if err != driver.CUresult.CUDA_SUCCESS:
-            raise KdaError(f"{desc.name}: reading it back to the host failed: {err}")
-    return host
+    pool_stride = state_pool.stride() if torch is not None and state_pool is not None else None
+    plan = _plan_for(tensors, sig, ptrs, descs, options, pool_stride)
+    return _launch(plan, torch, tensors, ptrs, handle, stream, output_final_state)
 
 
 # ---------------------------------------------------------------------------------------------
 # plans
 
+def _plan_for(tensors, sig, ptrs, descs, options, pool_stride) -> CallPlan:
+    """The call's plan: the cached one of its key, else the whole wall and a new plan (raises naming
+    the argument); then the pointer checks of this call's addresses."""
+    lower_bound, scale, output_final_state, cp, hint, value_split, checkpoint_every, numerics, form = options
+    try:
+        key = (sig, (type(lower_bound), lower_bound, type(scale), scale, bool(output_final_state), type(cp), cp,
+                     hint, value_split, type(checkpoint_every), checkpoint_every, pool_stride, type(numerics),
+                     numerics, tuple(type(x) for x in form), form))
+        plan = _PLANS.get(key)
+    except TypeError:  # an unhashable option: let the wall name it
+        key, plan = None, None
+    if plan is None:
+        descs = descs or arguments.describe_all(tensors)
+        plan = _build_plan(descs, *options)
+        if key is not None:
+            _remember(key, plan)
+    try:
+        plan.check_pointers(ptrs)
+    except UnsafePointers:
+        descs = descs or arguments.describe_all(tensors)
+        _build_plan(descs, *options)  # raises, naming it
+        if descs[-1] is not None:  # the wall does not know the workspace: it overlaps something
+            raise ValueError("workspace: overlaps an input or output of the call; pass a separate buffer")
+        raise KdaError("internal error: a pointer check failed that the validation wall accepts")
+    return plan
+
+
 def _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split,
                 checkpoint_every=None, numerics="flashkda", form=("safe", "logits", False)) -> CallPlan:
     """The whole wall on this call's descriptions, then the plan (raises naming the argument)."""
-    t = dict(zip(_TENSOR_ARGS, descs))
+    t = dict(zip(arguments.TENSOR_ARGS, descs))
     problem = validate_prefill(**{name: t[name] for name in prefill_args.NAMES}, lower_bound=lower_bound,
                                scale=scale, cp=cp, checkpoint_every=checkpoint_every, numerics=numerics,
                                gate=form[0], beta_form=form[1], allow_neg_eigval=form[2])
@@ -388,7 +174,7 @@ def _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_s
     if hint is not None and not problem.varlen:
         raise ValueError(f"{'seq_lens' if hint[0] == 'lens' else 'cu_seqlens_cpu'}: a hint for packed input; "
                          "dense [B, T] input has no cu_seqlens")
-    lengths = _hint_lengths(hint, problem.N, problem.T) if problem.varlen else (problem.T,) * problem.B
+    lengths = arguments.hint_lengths(hint, problem.N, problem.T) if problem.varlen else (problem.T,) * problem.B
     if value_split is not None and value_split not in (1, 2, 4):
         raise ValueError(f"value_split: expected 1, 2 or 4, got {value_split!r}")
     lib = get_library()
@@ -426,23 +212,46 @@ def _remember(key, plan: CallPlan) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# streams and allocation
+# launch and allocation
 
-def _stream(torch, stream, device_id: int, default: Optional[int] = None) -> int:
-    if stream is None and torch is not None:
-        return torch._C._cuda_getCurrentRawStream(device_id)  # 0.3 us; torch.cuda.current_stream() is 4
-    handle = default if stream is None and default is not None else streams.stream_handle(stream, device_id)
-    if (handle, device_id) not in _KNOWN_STREAMS:
-        # A raw handle would reach the launch unchecked: ask the driver once per (handle, device).
-        # A handle destroyed and reused by a new stream keeps its entry: it is then valid again.
-        check_stream_handle(handle, device_id, stream_device)
-        if len(_KNOWN_STREAMS) >= 1024:
-            _KNOWN_STREAMS.clear()
-        _KNOWN_STREAMS.add((handle, device_id))
-    return handle
-
-
-_KNOWN_STREAMS: set = set()
+def _launch(plan: CallPlan, torch, tensors, ptrs, handle, stream, output_final_state) -> Tuple[Any, ...]:
+    """Allocate what the caller did not pass, complete the pointer vector, run the plan's program
+    (one native call) and hand the outputs back in the caller's framework."""
+    problem = plan.problem
+    q = tensors[0]
+    handle = arguments.call_stream(torch, stream, problem.device_id) if torch is not None else handle
+    o, fs, ws_obj, ck, ck_index = _allocate(torch, q, plan, tensors[SLOT["out"]], tensors[SLOT["final_state"]],
+                                            tensors[SLOT["workspace"]], handle, stream, tensors[SLOT["checkpoints"]],
+                                            tensors[SLOT["checkpoint_index"]])
+    if torch is not None:
+        ptrs[SLOT["out"]] = o.data_ptr()
+        if fs is not None:
+            ptrs[SLOT["final_state"]] = fs.data_ptr()
+        if ws_obj is not None:
+            ptrs[SLOT["workspace"]] = ws_obj.data_ptr()
+        if ck is not None:
+            ptrs[SLOT["checkpoints"]] = ck.data_ptr()
+            ptrs[SLOT["checkpoint_index"]] = ck_index.data_ptr()
+    else:
+        ptrs[SLOT["out"]] = frameworks.data_ptr(o, "out")
+        if fs is not None:
+            ptrs[SLOT["final_state"]] = frameworks.data_ptr(fs, "final_state")
+        if ck is not None:
+            ptrs[SLOT["checkpoints"]] = frameworks.data_ptr(ck, "checkpoints")
+            ptrs[SLOT["checkpoint_index"]] = frameworks.data_ptr(ck_index, "checkpoint_index")
+    ptrs.append(handle)
+    program = plan.launch.program
+    if torch is None and not plan.workspace_given and plan.workspace_bytes:
+        with ARENA.lease(problem.device_id, handle, plan.workspace_bytes) as base:
+            ptrs[SLOT["workspace"]] = base
+            program.run(pack_inputs(ptrs))
+    else:
+        program.run(pack_inputs(ptrs))
+    if torch is None:
+        o, fs, ck, ck_index = frameworks.deliver(q, tensors, (o, fs, ck, ck_index), problem.device_id, handle)
+    if ck is not None:
+        return o, (fs if output_final_state else None), Checkpoints(ck, ck_index)
+    return o, (fs if output_final_state else None)
 
 
 def _allocate(torch, q, plan: CallPlan, out, final_state, workspace, handle: int, stream, checkpoints=None,
@@ -507,13 +316,11 @@ def workspace_size(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any = No
                None)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(q, torch.Tensor):
-        descs = _describe_all(tensors)
+        descs = arguments.describe_all(tensors)
     else:  # DLPack reads need a consumer stream (JAX refuses -1)
-        descs = _describe_all(tensors, frameworks.consumer_stream(_intake_stream(q, stream)))
-    hint = _hint_key(seq_lens, cu_seqlens_cpu)
-    if state_pool is not None and output_final_state:
-        raise ValueError("state_pool: cannot be combined with output_final_state; the final states are written "
-                         "back into the pool at state_indices")
+        descs = arguments.describe_all(tensors, frameworks.consumer_stream(arguments.intake_stream(q, stream)))
+    hint = arguments.hint_key(seq_lens, cu_seqlens_cpu)
+    arguments.check_pool_options(state_pool, output_final_state)
     return _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split,
                        checkpoint_every, numerics, (gate, beta_form, allow_neg_eigval)).workspace_bytes
 
@@ -525,8 +332,9 @@ def workspace_size_for(T: int, H: int, *, N: int = 1, varlen: bool = False, cu_d
     """Bytes of workspace for a problem given by its shapes: dense [N, T] (varlen=False) or packed T
     tokens in N sequences (varlen=True, optional host `seq_lens`), H heads, on `sm_count` SMs.
     `checkpoint_k`: checkpoints at given offsets per sequence (0, 1 or 2; checkpoint_offsets' K)."""
-    from . import launcher
-    from .validation import Problem, check_checkpoint_every, parse_cp
+    from .plan import launcher
+    from .intake.validation import check_checkpoint_every
+    from .spec.problem import Problem, parse_cp
 
     for name, value in (("T", T), ("H", H), ("N", N), ("sm_count", sm_count)):
         if type(value) is not int or value < (1 if name in ("H", "sm_count") else 0):
@@ -546,7 +354,7 @@ def workspace_size_for(T: int, H: int, *, N: int = 1, varlen: bool = False, cu_d
                       checkpoint_k=checkpoint_k, checkpoint_into="buffer" if checkpoint_k else None,
                       checkpoint_offsets_dtype="int32" if checkpoint_k else None)
     if varlen:
-        lengths = _hint_lengths(_hint_key(seq_lens, None), N, T)
+        lengths = arguments.hint_lengths(arguments.hint_key(seq_lens, None), N, T)
     else:
         lengths = (T,) * N
     return launcher.workspace_bytes(problem, call_plan.segmentation(problem, lengths, sm_count))

@@ -7,7 +7,7 @@ against ours) and cuDNN's Hopper KDA engine (through flashinfer's cuDNN path).
                             [--json FILE [--json-append]] [--md FILE] [--accurate] [--no-accuracy]
                             [--value-split S ...] [--k2-kernel k2|regstate ...]
 
-Method (docs/benchmarks.md): each shape runs on the input classes of kda_aot/input_classes.py named
+Method (docs/benchmarks.md): each shape runs on the input classes of kda_aot/references/input_classes.py named
 by --gates ("model": A_log and dt_bias as FLA's KimiDeltaAttention initialises them, long memory;
 "random": N(0, 1) gates that forget within tens of tokens; "long": g ~ N(-8, 1)), in each gate form
 of --gate-forms ("safe": the bounded sigmoid gate; "softplus"; "log_decay": the safe gate's
@@ -29,7 +29,7 @@ import sys
 import time
 from typing import Callable, List, Optional, Sequence
 
-from . import planner
+from .plan import planner
 
 SERIAL_SUITE = [(H, lens) for H in (64, 96) for lens in ([8192], [1300, 547, 2048, 963, 271, 3063], [1024] * 8)]
 CP_SUITE = [(H, lens) for H in (4, 8) for lens in ([8192], [8192, 2048], [16384])]
@@ -139,7 +139,7 @@ def class_cases(H: int, lens: List[int], cls: str, forms: Sequence[str], seed: i
     q, k, v, beta, gate input and bf16 initial state in every form (input_classes.regate)."""
     import torch
 
-    from . import input_classes
+    from .references import input_classes
 
     base = input_classes.make_class_inputs(cls, 1, sum(lens), H, gate="safe", seed=seed, state="bf16",
                                            n_states=len(lens))
@@ -363,7 +363,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kda_aot.bench", description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--suite", choices=tuple(SUITES), default="peers")
     parser.add_argument("--gates", nargs="+", choices=GATE_CLASSES, default=["model", "random"],
-                        help="input classes of kda_aot/input_classes.py, each shape runs on each")
+                        help="input classes of kda_aot/references/input_classes.py, each shape runs on each")
     parser.add_argument("--gate-forms", nargs="+", choices=GATE_FORMS, default=["safe", "softplus", "log_decay"],
                         help="gate forms of kda_aot.prefill; forms other than safe time kda-aot, FLA and cuDNN only")
     parser.add_argument("--shapes", nargs="+", default=None, metavar="H:LENS",

@@ -29,7 +29,7 @@ import time
 from .cli_checks import cannot_run, gpu_problem, library_problem, torch_problem
 
 PROG = "python -m kda_aot.demo"
-# Check 2: what CP may differ from serial, the bound of tests/test_cp_gpu.py (CP carries the state
+# Check 2: what CP may differ from serial, the bound of tests/gpu/test_cp.py (CP carries the state
 # across segment boundaries through fp32 products instead of the serial bf16 chain).
 CP_VS_SERIAL = 4e-3
 # Check 3: the kernels implement the recipe, so their error against the exact gold is the recipe's
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
 
 def _cpu_reference(reason: str, lens, H: int) -> int:
     """No GPU here: the NumPy emulation of the recipe against the NumPy float64 gold."""
-    from kda_aot import reference_np
+    from kda_aot.references import reference_np
 
     x = reference_np.make_inputs(lens, H, seed=0, state="bf16")
     t0 = time.perf_counter()
@@ -118,7 +118,7 @@ def _cpu_reference(reason: str, lens, H: int) -> int:
 def _gpu_checks(kda_aot, reference, x_cpu, lens, H, gold_o, gold_s, recipe_o, recipe_s) -> int:
     import torch
 
-    from kda_aot.loader import get_library
+    from kda_aot.library.loader import get_library
 
     x = {k: (v.cuda() if torch.is_tensor(v) else v) for k, v in x_cpu.items()}
     kw = {k: x[k] for k in ("A_log", "dt_bias", "lower_bound", "scale", "initial_state", "cu_seqlens")}

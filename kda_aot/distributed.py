@@ -11,7 +11,7 @@ docs/distributed.md has the algorithm, the cost model and the measurements. In s
   1. the sequences that begin on this rank run as an ordinary prefill (kda_aot.prefill, its own
      intracard CP included) from their initial states: bit for bit the single-GPU result;
   2. a slice that lies inside one sequence computes its transfer (M, B) with K1 + pre_scan
-     (kda_aot.transfer), folded over its segments in fp32;
+     (kda_aot.plan.transfer), folded over its segments in fp32;
   3. one all-gather of every rank's carry, fp32 [2, H, 128, 128] plus a 16-byte header;
   4. the carries of the earlier ranks are chained in fp32 (no TF32) into the entry state of the
      piece this rank holds of a sequence that began earlier;
@@ -32,9 +32,9 @@ import torch
 
 import kda_aot
 
-from .abi_constants import D
-from .dist_plan import RankWork, plan_rank, segment_starts, transfer_segments
-from .program import INPUTS, pack_inputs
+from .library.abi_constants import D
+from .plan.dist_plan import RankWork, plan_rank, segment_starts, transfer_segments
+from .plan.program import INPUTS, pack_inputs
 
 STATE = D * D
 HEADER = 4  # fp32 entries after M and B: [reset flag, 0, 0, 0] (16 bytes keep the payload aligned)
@@ -44,7 +44,7 @@ class DistributedPrefill(NamedTuple):
     o: Any  # [1, T_local, H, 128] bf16
     final_state: Any  # [len(final_seqs), H, 128, 128] in the state dtype, or None
     final_seqs: range  # global ids of the sequences whose final states this rank returns
-    work: RankWork  # what this rank computed (kda_aot.dist_plan)
+    work: RankWork  # what this rank computed (kda_aot.plan.dist_plan)
 
 
 def payload_floats(n_heads: int) -> int:
@@ -207,9 +207,9 @@ def slice_transfer(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     """Step 2: (M, B) of the slice as the middle of one sequence, fp32 [H, 128, 128] each:
     S_end = S_start M + B. The slice is cut into segments pre-scanned at once (dist_plan.
     transfer_segments; `segments` forces about that many, for tests), then folded."""
-    from . import streams
-    from .loader import get_library
-    from .transfer import transfer_program
+    from .library import streams
+    from .library.loader import get_library
+    from .plan.transfer import transfer_program
 
     # the validation wall of a prefill on the same tensors (names the bad argument)
     kda_aot.workspace_size(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, scale=scale,

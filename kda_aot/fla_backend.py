@@ -31,7 +31,7 @@ from typing import Any, Optional, Tuple
 
 import torch
 
-from .abi_constants import D
+from .library.abi_constants import D
 from .fla_compat import KNOWN_KWARGS, PARAM_DTYPES, check_tensors, fla_forms, run
 
 ENV_VAR = "FLA_KDA_AOT"
@@ -121,7 +121,7 @@ def _probe(index: int) -> Optional[str]:
     major, minor = torch.cuda.get_device_capability(index)
     if major != 9:
         return f"kda-aot's kernels are built for sm_90a; cuda:{index} is sm_{major}{minor}"
-    from .loader import KdaError, get_library
+    from .library.loader import KdaError, get_library
 
     try:
         get_library()

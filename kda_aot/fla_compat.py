@@ -24,8 +24,8 @@ from typing import Any, Optional, Tuple
 
 import torch
 
-from .abi_constants import D
-from .gate_forms import Form
+from .library.abi_constants import D
+from .spec.gate_forms import Form
 from . import _torch_ops as _ops
 from . import api
 

@@ -9,7 +9,7 @@
 (`workspace`, `checkpoint_state`, `checkpoint_offsets`). Like FlashKDA it writes `out` and, when
 given, `final_state` in place and returns None. The call is kda_aot.prefill with gate="safe",
 beta logits and cp="off": FlashKDA's configuration and its serial recurrence, so the results are
-FlashKDA's bits (tests/test_flashkda_compat_gpu.py). `cp="auto"` is an extra keyword for callers
+FlashKDA's bits (tests/gpu/test_flashkda_compat.py). `cp="auto"` is an extra keyword for callers
 who prefer kda-aot's context-parallel split of long sequences, which agrees with FlashKDA within
 the CP error bound instead (docs/numerics.md).
 
@@ -44,8 +44,8 @@ import torch
 
 from . import _torch_ops
 from . import api
-from .abi_constants import CHUNK
-from .workspace import workspace_layout, cp_layout
+from .library.abi_constants import CHUNK
+from .plan.workspace import workspace_layout, cp_layout
 
 
 def get_workspace_size(T_total: int, H: int, N: int = 1, *, cp: str = "off", sm_count: Optional[int] = None) -> int:
@@ -75,7 +75,7 @@ def get_workspace_size(T_total: int, H: int, N: int = 1, *, cp: str = "off", sm_
     if cp not in ("auto", "on"):
         raise ValueError(f"cp: expected 'off', 'auto' or 'on', got {cp!r}")
     if sm_count is None:
-        from .streams import sm_count as device_sms
+        from .library.streams import sm_count as device_sms
 
         sm_count = device_sms(torch.cuda.current_device())
     if isinstance(sm_count, bool) or not isinstance(sm_count, int) or sm_count < 1:

@@ -26,9 +26,9 @@ from typing import Any, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .abi_constants import CHUNK, D  # head dim K = V = 128 only (§1.4); tile = chunk of 16 tokens (§2.3)
-from .abi_constants import LOG2E
-from .gate_forms import BETA_FORMS, GATES, resolve_lower_bound
+from .library.abi_constants import CHUNK, D  # head dim K = V = 128 only (§1.4); tile = chunk of 16 tokens (§2.3)
+from .library.abi_constants import LOG2E
+from .spec.gate_forms import BETA_FORMS, GATES, resolve_lower_bound
 
 L2_EPS = 1e-6  # inside the square root (§2.1)
 
@@ -270,7 +270,7 @@ def _delta_rule(m, q, k, v, alpha, b, s, scale):
 def gate_log_decay(g: torch.Tensor, A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
                    lower_bound: Optional[float], gate: str = "safe") -> torch.Tensor:
     """The natural-log decay of every (token, head, key channel) in float64, exact functions
-    (kda_aot/gate_forms.py lists the forms). g [B, T, H, 128]; A_log [H] or None; dt_bias [H, 128]
+    (kda_aot/spec/gate_forms.py lists the forms). g [B, T, H, 128]; A_log [H] or None; dt_bias [H, 128]
     / [H*128] or None."""
     if gate not in GATES:
         raise ValueError(f"gate: expected one of {GATES}, got {gate!r}")
@@ -309,7 +309,7 @@ def gold_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Ten
                  allow_neg_eigval: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
     """Float64 gold of §2.2 (FLA fused_recurrent semantics): exact sigmoid/exp/softplus, unrounded
     scale and the unrounded initial state (fp32 or bf16) widened to fp64. `gate`, `beta_form` and
-    `allow_neg_eigval` are prefill's (kda_aot/gate_forms.py); the default is FlashKDA's configuration.
+    `allow_neg_eigval` are prefill's (kda_aot/spec/gate_forms.py); the default is FlashKDA's configuration.
 
     Returns (o [B, T, H, 128] fp64, final_state [N, H, 128, 128] fp64). Empty sequences return
     their initial state (or zeros).

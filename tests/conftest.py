@@ -6,6 +6,10 @@ import sys
 
 import pytest
 
+# The shared helpers (gold_cases, recording, state_buffers, torch_stand_ins, cp_twins, ...) sit beside
+# this file; the tests in tests/cpu, tests/gpu and tests/build import them by name.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
 # JAX takes 75% of the GPU's memory when it first uses it unless told otherwise; the JAX tests share
 # the device with torch and the library (tests/test_frameworks_*.py).
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -17,7 +21,7 @@ def _hypothesis_storage_in_the_environment():
     (the venv running the tests) instead, unless HYPOTHESIS_STORAGE_DIRECTORY names a place."""
     try:
         from hypothesis.configuration import set_hypothesis_home_dir
-    except ImportError:  # no hypothesis: tests/test_wall_properties.py skips
+    except ImportError:  # no hypothesis: tests/cpu/test_wall_properties.py skips
         return
     set_hypothesis_home_dir(os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY")
                             or os.path.join(sys.prefix, ".hypothesis"))
@@ -38,7 +42,7 @@ def gpu_unavailable_reason():
     major, _ = torch.cuda.get_device_capability()
     if major != 9:
         return f"kernels are built for sm_90a; this device is sm_{major}x"
-    from kda_aot.loader import KdaError, get_library
+    from kda_aot.library.loader import KdaError, get_library
 
     try:
         if get_library().device_count() == 0:
@@ -59,7 +63,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def gpu_approx():
     """The kernels' PTX approximations and tensor-core products for the GPU reference's `approx=`."""
-    from kda_aot.loader import get_library
+    from kda_aot.library.loader import get_library
     from kda_aot.reference import KernelApprox
 
     return KernelApprox(get_library())

@@ -1,4 +1,4 @@
-"""One rank of the one-GPU multi-process tests of kda_aot.distributed (tests/test_distributed_gpu.py).
+"""One rank of the one-GPU multi-process tests of kda_aot.distributed (tests/gpu/test_distributed.py).
 
     python distributed_worker.py RANK WORLD INIT_FILE CASES_FILE OUT_DIR
 

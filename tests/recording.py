@@ -10,10 +10,12 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from kda_aot import api, streams
-from kda_aot.loader import get_library
-from kda_aot.program import INPUTS, N_INPUTS, SLOT_DTYPE, STEP_DTYPE
-from kda_aot.tensors import TensorDesc
+from kda_aot import api
+from kda_aot.intake import arguments
+from kda_aot.library import streams
+from kda_aot.library.loader import get_library
+from kda_aot.plan.program import INPUTS, N_INPUTS, SLOT_DTYPE, STEP_DTYPE
+from kda_aot.intake.tensors import TensorDesc
 
 
 class Launch:
@@ -35,8 +37,8 @@ class Recorder:
         monkeypatch.setattr(type(self.lib), "run", self._run)
         monkeypatch.setattr(streams, "sm_count", lambda device_id: sm_count)
         monkeypatch.setattr(streams, "compute_capability", lambda device_id: (9, 0))
-        monkeypatch.setattr(api, "stream_device", lambda handle: 0)  # every handle is a stream of cuda:0
-        monkeypatch.setattr(api, "_KNOWN_STREAMS", set())
+        monkeypatch.setattr(arguments, "stream_device", lambda handle: 0)  # every handle is a stream of cuda:0
+        monkeypatch.setattr(arguments, "KNOWN_STREAMS", set())
         api.empty_cache()
         self._by_index = {k.index: k for k in self.lib.kernels.values()}
 

@@ -1,5 +1,5 @@
-"""Shared by the GPU tests of states, pools and checkpoints (test_state_pool_gpu.py,
-test_checkpoint_offsets_gpu.py, test_vllm_step_gpu.py): the reference's inputs without an initial
+"""Shared by the GPU tests of states, pools and checkpoints (tests/gpu/test_state_pool.py,
+tests/gpu/test_checkpoint_offsets.py, tests/gpu/test_vllm_step.py): the reference's inputs without an initial
 state, a prefill with their gate parameters, and poison to tell written memory from untouched."""
 
 import torch

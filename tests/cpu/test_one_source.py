@@ -1,0 +1,85 @@
+"""Facts stated once: each of these numbers and lists has one definition, and every other place
+derives it (no GPU needed). A restatement that drifts would make the two wings disagree silently."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _tracked(suffixes):
+    try:
+        names = subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True, check=True,
+                               text=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("no git checkout here")
+    return [ROOT / n for n in names if n.endswith(suffixes)]
+
+
+def test_log2e_is_written_once():
+    hits = [p.relative_to(ROOT).as_posix() for p in _tracked((".py", ".c", ".h", ".cu"))
+            if "1.4426950408889634" in p.read_text(errors="replace") and not p.name.startswith("test_")]
+    # declared by the build, rendered into the runtime's generated _abi.py (abi --check keeps it fresh)
+    assert sorted(hits) == ["build_kernels/abi_constants.py", "kda_aot/library/_abi.py"], hits
+
+
+def test_restated_constants_are_the_abi_constants():
+    from kda_aot.library import abi_constants
+    from kda_aot.intake import arguments
+    from kda_aot.plan import dist_plan, launcher, program
+    from kda_aot.references import reference_np
+
+    assert dist_plan.CHUNK is abi_constants.CHUNK and program.MAX_SLOTS is abi_constants.MAX_SLOTS
+    assert launcher.LOG2E is abi_constants.LOG2E and reference_np.LOG2E is abi_constants.LOG2E
+    # the per-call pointer vector is prefill's tensor arguments, then the stream
+    assert program.INPUTS == arguments.TENSOR_ARGS + ("stream",)
+
+
+def test_the_torch_reference_reads_the_same_log2e():
+    pytest.importorskip("torch")
+    from kda_aot.library import abi_constants
+    from kda_aot import reference
+
+    assert reference.LOG2E is abi_constants.LOG2E
+
+
+def test_the_shims_slot_limit_comes_from_the_abi_constants():
+    # Read as text: importing build_kernels' entry would import the DSL, which a wheel's venv lacks.
+    shim = (ROOT / "build_kernels" / "shim" / "kda_shim.c").read_text()
+    assert "#define KDA_MAX_SLOTS" not in shim and "KDA_MAX_SLOTS" in shim
+    build = (ROOT / "build_kernels" / "__main__.py").read_text()
+    assert 'f"#define KDA_MAX_SLOTS {ABI_CONSTANTS.MAX_SLOTS}"' in build
+
+
+def test_prefill_tensor_arguments_are_declared_once():
+    """prefill_args.ARGS is the one declaration: the wall's tables, the pointer vector, the intake
+    order and the `tensors` tuples prefill and workspace_size build all follow it."""
+    import ast
+    import inspect
+    import textwrap
+
+    from kda_aot import api
+    from kda_aot.intake import arguments
+    from kda_aot.spec import prefill_args
+    from kda_aot.plan import program
+    from kda_aot.intake import validation
+
+    names = prefill_args.NAMES
+    assert arguments.TENSOR_ARGS == names + ("workspace",) and program.INPUTS == names + ("workspace", "stream")
+    assert set(validation._REQUIRED + validation._OPTIONAL) == set(names)
+    assert set(validation._INPUTS) | set(validation._OUTPUTS) == set(names)
+    assert validation._DTYPES == {a.name: tuple(a.align) for a in prefill_args.ARGS}
+    assert validation.ALIGNMENT is prefill_args.ALIGNMENT
+    for fn in (api.prefill, api.workspace_size):
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        tuples = [node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == "tensors" for t in node.targets)]
+        assert len(tuples) == 1, fn.__name__
+        got = tuple(e.id if isinstance(e, ast.Name) else ast.literal_eval(e) for e in tuples[0].elts)
+        # workspace_size has no workspace of its own to pass (None in that place)
+        want = arguments.TENSOR_ARGS if fn is api.prefill else names + (None,)
+        assert got == want, fn.__name__
+        params = inspect.signature(fn).parameters
+        assert all(name in params for name in names), fn.__name__
