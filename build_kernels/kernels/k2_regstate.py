@@ -45,7 +45,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
-from .recurrence_common import alloc_ring, init_ring, k2_cta_sequence, k2_stage_bytes, k2_tile_source, produce_tiles
+from .recurrence_common import (K2Params, SequenceTiles, alloc_ring, init_ring, k2_cta_sequence, k2_stage_bytes,
+                                k2_tile_source, produce_tiles)
 from .regstate_step import WG_COLS, mma_warpgroups, mma_warpgroups_accurate
 from .state_io import k2_state_slots
 from .tile_ops import D
@@ -107,8 +108,11 @@ def _k2_regstate_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int
         h64 = Int64(h)
         H64 = Int64(n_heads)
 
-        tile_source = k2_tile_source(tok0, tok_end, h64, v_st, v_sh, cap, tile0, vblk, VB, v_ptr, qd_ptr, kd_ptr,
-                                     kr_ptr, gt_ptr, inv_ptr, mqk_ptr, bsig_ptr)
+        tile_source = k2_tile_source(SequenceTiles(tok0, tok_end, tile0, ntiles),
+                                     K2Params(v_ptr, out_ptr, qd_ptr, kd_ptr, kr_ptr, gt_ptr, inv_ptr, mqk_ptr,
+                                              bsig_ptr, mStart, mPrefix, init_ptr, final_ptr, mSlot, n_heads, cap,
+                                              idx_ptr, slot_stride, n_pool, ck_ptr, ck_every, mSeqStart, n_real,
+                                              order_ptr, ck_tab, ck_k, ck_stride, v_st, v_sh), h64, vblk, VB)
         if warp >= MMA_WARPS:
             # ---------------------------------------------------------------- producer (K2's)
             if cutlass.const_expr(producer_warps(VB) == 4):
