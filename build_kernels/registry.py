@@ -308,7 +308,7 @@ def _k2_regstate() -> List[Variant]:
     """K2 with the state in registers and Q1 / Q5 as warpgroup MMAs (docs/k2_regstate.md), a twin of
     every serial, segmented and state-pool K2 variant of FlashKDA's recipe at VB=64 and 128 with its
     arguments (VB=64 with a producer warp, VB=128 with a producer warpgroup:
-    k2_regstate.producer_warps), then of every serial and segmented numerics="accurate" K2 variant
+    k2_regstate.RegstateConfig.producer_warps), then of every serial and segmented numerics="accurate" K2 variant
     (constant accurate=True; the accurate recipe has no state-pool K2). The planner picks the twin
     wherever there is one (planner.k2_kernel, launcher.k2_kernel_name): FlashKDA's was measured faster
     than the mma.sync K2 on every shape."""
@@ -318,7 +318,7 @@ def _k2_regstate() -> List[Variant]:
     for v in _k2() + _k2_segments() + _k2_ext() + _k2(True) + _k2_segments(True):
         vb = dict(v.constants)["value_block"]
         base = tuple(c for c in v.constants if c[0] != "ablation")
-        if vb in (64, 128):
+        if vb in ABI_CONSTANTS.REGSTATE_VALUE_BLOCKS:
             out.append(dataclasses.replace(v, name=ABI_CONSTANTS.regstate_name(v.name), module="k2_regstate",
                                            entry=entries[v.entry], constants=base))
     return out

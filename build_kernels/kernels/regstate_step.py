@@ -18,9 +18,10 @@ from .ptx_ops import (add_rn, fma_rn, ldg_b32, ldg_b32_if, ldg_f32_pair_bf16_if,
                       round_bf16x2, smem_desc, stg_b32, stg_b32_if, stg_v2_f32, sub_rn, unpack_bf16x2, wgmma_commit,
                       wgmma_fence, wgmma_m64n16k16_rs, wgmma_m64n128k16_rs_mn, wgmma_wait)
 from .recurrence_common import (HEAD_ROW_BYTES, K2_OFF_BSIG, K2_OFF_GT, K2_OFF_INV, K2_OFF_KD, K2_OFF_KR,
-                                K2_OFF_MQK, K2_OFF_QD, K2_OFF_V, STAGES, k2_stage_bytes, v_stride)
+                                K2_OFF_MQK, K2_OFF_QD, K2_OFF_V, STAGES, K2Params, SequenceTiles, k2_stage_bytes,
+                                v_stride)
 from .state_io import checkpoint_target, checkpoint_targets, sequence_start_of
-from .tile_ops import CHUNK, D
+from .tile_ops import D
 
 # The stage is K2's (recurrence_common, K2_OFF_*), K1's images as they are. Kd and Qd are K-major
 # wgmma B operands (k16 step kb at + 512 kb; 256 bytes between the two 8-key halves, 128 between
@@ -78,14 +79,13 @@ def _lane_layout(warp, lane, vblk, n, h64, H64, VB: int):
     return wg, wl, g, q, r0, col_wg, state_base, off_sq
 
 
-def _next_tile(i, full, buf_addr, SB: int, tok0, tok_end):
-    """Tile i from the ring, both recipes (emitted inline): wait until its stage is full; (stage,
-    its shared address, first token, valid rows)."""
+def _next_tile(i, full, buf_addr, SB: int, seq):
+    """Tile i of the sequence (SequenceTiles) from the ring, both recipes (emitted inline): wait until
+    its stage is full; (stage, its shared address, first token, valid rows)."""
     s = i % STAGES
     cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
     sb = buf_addr + s * SB
-    start = tok0 + i * CHUNK
-    return s, sb, start, cutlass.min(tok_end - start, CHUNK)
+    return (s, sb) + seq.tile(i)
 
 
 def _q1_chains(a_s, sb, zero):
@@ -128,41 +128,37 @@ def _stage_operands(sb, off_sq, q, wg, r0, m, VSTR: int):
 
 
 @cute.jit
-def mma_warpgroups(warp: Int32, lane: Int32, vblk: Int32, n: Int32, h64: Int64, H64: Int64, tok0: Int32,
-                   tok_end: Int32, ntiles: Int32, full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32,
-                   out_ptr: Int64, init_ptr: Int64, final_ptr: Int64, slot: Int32, in_slot: Int32,
-                   slot_stride: Int64, ck_ptr: Int64, ck_every: Int32, mSeqStart: cute.Tensor, n_real: Int32,
-                   ck_tab: Int64, ck_k: Int32, ck_stride: Int64, has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
-                   state_fp32: cutlass.Constexpr[bool], VB: cutlass.Constexpr[int],
-                   final_fp32: cutlass.Constexpr[bool], final_slots: cutlass.Constexpr[bool],
-                   ext: cutlass.Constexpr[bool]):
+def mma_warpgroups(cfg, p: K2Params, seq: SequenceTiles, warp: Int32, lane: Int32, vblk: Int32, n: Int32, h64: Int64,
+                   H64: Int64, full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, slot: Int32, in_slot: Int32):
     """The MMA warps' whole part of a register-state K2 CTA (warp < 4 VB / 64): every tile of its
     (sequence or segment, head) from the ring, in order; the modes and state I/O of K2's kernel
-    (k2_recurrence._k2_kernel). Each thread arrives once on empty[s] per tile it has consumed."""
+    (cfg: k2_regstate.RegstateConfig; p: the kernel's parameters). Each thread arrives once on
+    empty[s] per tile it has consumed."""
+    VB = cfg.value_block
     VSTR = v_stride(VB)
     SB = k2_stage_bytes(VB)
     wg, wl, g, q, r0, col_wg, state_base, off_sq = _lane_layout(warp, lane, vblk, n, h64, H64, VB)
     zero = Float32(0.0)
 
-    ck_base = tok0  # checkpoints count tokens from the start of the CTA's sequence
+    ck_base = seq.tok0  # checkpoints count tokens from the start of the CTA's sequence
     ck_seq = n
-    if cutlass.const_expr(ext and final_slots):
-        ck_base, ck_seq = sequence_start_of(tok0, ck_ptr, mSeqStart, n_real)
-    if cutlass.const_expr(ext):
-        ck_targets = checkpoint_targets(ck_ptr, ck_tab, ck_k, ck_seq)
+    if cutlass.const_expr(cfg.ext and cfg.segmented):
+        ck_base, ck_seq = sequence_start_of(seq.tok0, p.ck_ptr, p.mSeqStart, p.n_real)
+    if cutlass.const_expr(cfg.ext):
+        ck_targets = checkpoint_targets(p.ck_ptr, p.ck_tab, p.ck_k, ck_seq)
 
     # -------- Q6 entry: the state as Q1's A fragments, a_s[4 kb + e]; bf(initial) or 0
-    if cutlass.const_expr(ext and not final_slots):
+    if cutlass.const_expr(cfg.ext and not cfg.segmented):
         # by slot (state pool, or a plain state with slot = n): no entry slot -> 0
-        a_s = _load_state(init_ptr, Int64(cutlass.max(in_slot, 0)) * slot_stride + h64 * Int64(D * D),
-                          Int32(in_slot >= 0), col_wg, r0, q, state_fp32)
-    elif cutlass.const_expr(has_initial):
-        a_s = _load_state(init_ptr, state_base, Int32(1), col_wg, r0, q, state_fp32)
+        a_s = _load_state(p.init_ptr, Int64(cutlass.max(in_slot, 0)) * p.slot_stride + h64 * Int64(D * D),
+                          Int32(in_slot >= 0), col_wg, r0, q, cfg.state_fp32)
+    elif cutlass.const_expr(cfg.has_initial):
+        a_s = _load_state(p.init_ptr, state_base, Int32(1), col_wg, r0, q, cfg.state_fp32)
     else:
         a_s = [Int32(0)] * 32
 
-    for i in cutlass.range(ntiles, unroll=1):
-        s, sb, start, m = _next_tile(i, full, buf_addr, SB, tok0, tok_end)
+    for i in cutlass.range(seq.ntiles, unroll=1):
+        s, sb, start, m = _next_tile(i, full, buf_addr, SB, seq)
 
         # -------- Q1: u^T's chain, then o1^T's, each its own commit group
         a_s, acc_u, acc_o = _q1_chains(a_s, sb, zero)
@@ -218,26 +214,26 @@ def mma_warpgroups(warp: Int32, lane: Int32, vblk: Int32, n: Int32, h64: Int64, 
                 o2a, o2b = round_bf16x2(o2[c], o2[c + 1])
                 word = movmatrix_t(pack_bf16x2(add_rn(o1a, o2a), add_rn(o1b, o2b)))
                 col = col_wg + 16 * wl + 8 * hp + 2 * q
-                stg_b32_if(out_ptr + row * HEAD_ROW_BYTES + Int64(col) * 2, word, ok)
+                stg_b32_if(p.out_ptr + row * HEAD_ROW_BYTES + Int64(col) * 2, word, ok)
 
         # every thread releases its own stage reads; the wgmmas' are complete (wait 0 above)
         cute.arch.mbarrier_arrive(empty + s)
-        if cutlass.const_expr(ext):
+        if cutlass.const_expr(cfg.ext):
             # checkpoint (docs/state_pool.md): the state after a full tile that ends every C tokens
             # of its sequence, or at one of its given offsets
-            ck_dst = checkpoint_target(ck_ptr, ck_every, ck_base, start, m, ck_targets, ck_stride, H64, h64)
+            ck_dst = checkpoint_target(p.ck_ptr, p.ck_every, ck_base, start, m, ck_targets, p.ck_stride, H64, h64)
             if ck_dst >= Int64(0):
-                _store_state(ck_ptr, ck_dst, a_s, col_wg, r0, q, final_fp32)
+                _store_state(p.ck_ptr, ck_dst, a_s, col_wg, r0, q, cfg.final_fp32)
 
     # -------- Q6 exit: bf16 as is, or fp32 exactly widened
-    if cutlass.const_expr(has_final):
+    if cutlass.const_expr(cfg.has_final):
         if slot >= 0:
-            if cutlass.const_expr(ext):
-                _store_state(final_ptr, Int64(slot) * slot_stride + h64 * Int64(D * D), a_s, col_wg, r0, q,
-                             final_fp32)
+            if cutlass.const_expr(cfg.ext):
+                _store_state(p.final_ptr, Int64(slot) * p.slot_stride + h64 * Int64(D * D), a_s, col_wg, r0, q,
+                             cfg.final_fp32)
             else:
-                _store_state(final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), a_s, col_wg, r0, q,
-                             final_fp32)
+                _store_state(p.final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), a_s, col_wg, r0, q,
+                             cfg.final_fp32)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -274,12 +270,9 @@ def _store_master(ptr, base, st, col_wg, r0, q):
 
 
 @cute.jit
-def mma_warpgroups_accurate(warp: Int32, lane: Int32, vblk: Int32, n: Int32, h64: Int64, H64: Int64, tok0: Int32,
-                            tok_end: Int32, ntiles: Int32, full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32,
-                            out_ptr: Int64, init_ptr: Int64, final_ptr: Int64, slot: Int32,
-                            has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
-                            state_fp32: cutlass.Constexpr[bool], VB: cutlass.Constexpr[int],
-                            final_fp32: cutlass.Constexpr[bool]):
+def mma_warpgroups_accurate(cfg, p: K2Params, seq: SequenceTiles, warp: Int32, lane: Int32, vblk: Int32, n: Int32,
+                            h64: Int64, H64: Int64, full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32,
+                            slot: Int32):
     """mma_warpgroups in numerics="accurate": the serial and segmented modes (no state pool), the
     arithmetic of the mma.sync K2's accurate step element for element:
       Q1  u^T, o1^T as in FlashKDA's recipe, from a_s = bf(master)
@@ -288,20 +281,21 @@ def mma_warpgroups_accurate(warp: Int32, lane: Int32, vblk: Int32, n: Int32, h64
       Q5  master = fma(master, gamma, acc32(U^T Kr)), a_s = bf(master)
       Q4  out^T = bf(o1^T + acc32(U^T Mqk^T)), one rounding
     Exit: the master as it is (fp32) or a_s (bf16)."""
+    VB = cfg.value_block
     VSTR = v_stride(VB)
     SB = k2_stage_bytes(VB)
     wg, wl, g, q, r0, col_wg, state_base, off_sq = _lane_layout(warp, lane, vblk, n, h64, H64, VB)
     zero = Float32(0.0)
 
     # -------- Q6 entry: the fp32 master st and Q1's A fragments a_s = bf(st); 0 without a state
-    if cutlass.const_expr(has_initial):
-        st, a_s = _load_master(init_ptr, state_base, col_wg, r0, q, state_fp32)
+    if cutlass.const_expr(cfg.has_initial):
+        st, a_s = _load_master(p.init_ptr, state_base, col_wg, r0, q, cfg.state_fp32)
     else:
         st = [zero] * 64
         a_s = [Int32(0)] * 32
 
-    for i in cutlass.range(ntiles, unroll=1):
-        s, sb, start, m = _next_tile(i, full, buf_addr, SB, tok0, tok_end)
+    for i in cutlass.range(seq.ntiles, unroll=1):
+        s, sb, start, m = _next_tile(i, full, buf_addr, SB, seq)
 
         # -------- Q1: u^T's chain, then o1^T's, each its own commit group
         a_s, acc_u, acc_o = _q1_chains(a_s, sb, zero)
@@ -361,14 +355,14 @@ def mma_warpgroups_accurate(warp: Int32, lane: Int32, vblk: Int32, n: Int32, h64
                 c = 4 * j + 2 * hp
                 word = movmatrix_t(pack_bf16x2(add_rn(acc_o[c], o2[c]), add_rn(acc_o[c + 1], o2[c + 1])))
                 col = col_wg + 16 * wl + 8 * hp + 2 * q
-                stg_b32_if(out_ptr + row * HEAD_ROW_BYTES + Int64(col) * 2, word, ok)
+                stg_b32_if(p.out_ptr + row * HEAD_ROW_BYTES + Int64(col) * 2, word, ok)
 
         cute.arch.mbarrier_arrive(empty + s)
 
     # -------- Q6 exit: the master (fp32) or its bf16 words
-    if cutlass.const_expr(has_final):
+    if cutlass.const_expr(cfg.has_final):
         if slot >= 0:
-            if cutlass.const_expr(final_fp32):
-                _store_master(final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), st, col_wg, r0, q)
+            if cutlass.const_expr(cfg.final_fp32):
+                _store_master(p.final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), st, col_wg, r0, q)
             else:
-                _store_state(final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), a_s, col_wg, r0, q, False)
+                _store_state(p.final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), a_s, col_wg, r0, q, False)
