@@ -355,9 +355,8 @@ class K2Recurrence:
         FOLDED = cfg.folded_producer
         NW = cfg.nw  # value columns per MMA warp
         NB = NW // 8  # n-blocks of 8 per warp
-        VSTR = v_stride(VB)
         SB = k2_stage_bytes(VB)
-        HOIST, P1, P5 = cfg.schedule
+        HOIST = cfg.schedule[0]
         if cutlass.const_expr(FOLDED):
             # the MMA warps produce: warp 0 the first FOLDED_PREFETCH tiles now, overlapping the entry
             # state's load, then warp i % MMA_WARPS tile i + FOLDED_PREFETCH at the start of tile i
@@ -387,7 +386,51 @@ class K2Recurrence:
         off_kr = 256 * (j4 & 1) + 128 * (j4 >> 1) + 16 * i8  # + 512 mb (transposed Kr^T A operand)
         off_sq = 32 * (8 * (j4 & 1) + i8) + 16 * (j4 >> 1)  # row-major 16x16 A operand
 
-        # -------- Q6 entry state: S^T[k, v] = bf(initial[n, h, v, k]) or 0, this warp's columns
+        self.load_entry_state(p, region, lane, col0, state_base, h64, in_slot)
+        zero = Float32(0.0)
+        st_words, st = self.state_registers(p, region, lane, col0, state_base, g, q)
+        for i in cutlass.range(seq.ntiles, unroll=1):
+            s = i % STAGES
+            if cutlass.const_expr(FOLDED):
+                produce_in_turn(warp, i, seq.ntiles, MMA_WARPS, full, empty, buf_addr, tile_source)
+            cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
+            sb = buf_addr + s * SB
+            start, m = seq.tile(i)
+
+            hoisted = None
+            if cutlass.const_expr(HOIST):
+                # Q2-Q4's operands depend only on the stage: read before Q1, they have landed
+                # by the time Q1 ends (docs/k2_schedule.md)
+                hoisted = self.q2_q4_operands(sb, off_sq, g, q, w, m)
+            acc_u, acc_o = self.q1(sb, region, off_a, off_sb, zero)
+            # Q1's ldmatrix read other lanes' S^T words that Q5 overwrites below: the warp's
+            # reads are done before any lane writes (racecheck's warp-level WAR hazard).
+            cute.arch.sync_warp()
+            u_frag = self.q2_q4(p, sb, acc_u, acc_o, hoisted, off_sq, g, q, w, m, start, col0, h64, H64, zero)
+            st_words = self.q5(sb, region, lane, off_kr, g, u_frag, st, st_words, zero)
+
+            # state writes visible to the whole warp before the next Q1; every thread releases
+            # its own stage reads (empty[s] counts 32 arrivals per MMA warp)
+            cute.arch.sync_warp()
+            cute.arch.mbarrier_arrive(empty + s)
+            if cutlass.const_expr(cfg.ext):
+                # checkpoint (docs/state_pool.md): the state after a full tile that ends every C
+                # tokens of its sequence, or at one of its given offsets
+                ck_dst = checkpoint_target(p.ck_ptr, p.ck_every, ck_base, start, m, ck_targets, p.ck_stride, H64,
+                                           h64)
+                if ck_dst >= Int64(0):
+                    _store_exit_state(p.ck_ptr, ck_dst, region, lane, col0, NB, NW, cfg.final_fp32)
+
+        self.store_exit_state(p, region, lane, col0, g, q, h64, H64, slot, st)
+
+    @cute.jit
+    def load_entry_state(self, p: K2Params, region: Int32, lane: Int32, col0: Int32, state_base: Int64, h64: Int64,
+                         in_slot: Int32):
+        """Q6 entry: S^T[k, v] = bf(initial[n, h, v, k]) or 0, this warp's columns, then a
+        __syncwarp before the lanes read each other's words."""
+        cfg = self.config
+        NW = cfg.nw
+        NB = NW // 8
         if cutlass.const_expr(cfg.ext and not cfg.segmented):
             # state I/O by slot (state pool, or a plain state with slot = n): no entry slot -> 0
             if in_slot >= 0:
@@ -399,129 +442,137 @@ class K2Recurrence:
             _load_entry_state(p.init_ptr, state_base, region, lane, col0, NB, NW, cfg.has_initial, cfg.state_fp32)
         cute.arch.sync_warp()
 
-        zero = Float32(0.0)
-        # This lane's words of S^T at its Q5 C-fragment positions, kept in registers across tiles:
-        # Q5 reads the old state from here instead of shared memory (the kernel is bound by shared
-        # memory throughput) and still writes the new one there for Q1's ldmatrix. Same values.
+    def state_registers(self, p: K2Params, region, lane, col0, state_base, g, q):
+        """(st_words, st): this lane's words of S^T at its Q5 C-fragment positions, kept in registers
+        across tiles: Q5 reads the old state from here instead of shared memory (the kernel is bound
+        by shared memory throughput) and still writes the new one there for Q1's ldmatrix. Same
+        values. st: numerics="accurate"'s fp32 master state (None otherwise); shared memory then keeps
+        only its bf16 copy, Q1's MMA operand (docs/numerics.md)."""
+        cfg = self.config
+        NB = cfg.nw // 8
         st_words = []
-        for mb in cutlass.range_constexpr(D // 16):
-            for nb in cutlass.range_constexpr(NB):
+        for mb in range(D // 16):
+            for nb in range(NB):
                 w_a0 = region + 128 * (nb + NB * (2 * mb)) + 4 * lane
                 st_words.append(lds_b32(w_a0))
                 st_words.append(lds_b32(w_a0 + 128 * NB))
-        if cutlass.const_expr(cfg.accurate):
-            # numerics="accurate": the state lives in fp32 registers (st); shared memory keeps only
-            # its bf16 copy, Q1's MMA operand (docs/numerics.md)
+        st = None
+        if cfg.accurate:
             st = cute.make_rmem_tensor(32 * NB, Float32)
             _load_master_state(st, st_words, p.init_ptr, state_base, col0, g, q, NB, cfg.has_initial and cfg.state_fp32)
-        for i in cutlass.range(seq.ntiles, unroll=1):
-            s = i % STAGES
-            if cutlass.const_expr(FOLDED):
-                produce_in_turn(warp, i, seq.ntiles, MMA_WARPS, full, empty, buf_addr, tile_source)
-            cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
-            sb = buf_addr + s * SB
-            start, m = seq.tile(i)
+        return st_words, st
 
-            if cutlass.const_expr(HOIST):
-                # Q2-Q4's operands depend only on the stage: read before Q1, they have landed
-                # by the time Q1 ends (docs/k2_schedule.md)
-                a_inv, a_mqk, bs0, bs1 = _q2_q4_operands(sb, off_sq, g)
-                ok0 = Int32(g < m)
-                ok1 = Int32(g + 8 < m)
-                v_a0 = sb + K2_OFF_V + g * VSTR + (w * NW + 2 * q) * 2
-                v_pre = [_v_words(v_a0, nb, ok0, ok1, VSTR) for nb in range(NB)]
+    def q2_q4_operands(self, sb, off_sq, g, q, w, m):
+        """Q2-Q4's stage operands, read ahead of Q1 (schedule's hoist): the INV and Mqk A fragments,
+        bsig of rows g and g + 8, the row predicates and the v words of every n-block."""
+        NW = self.config.nw
+        VSTR = v_stride(self.config.value_block)
+        a_inv, a_mqk, bs0, bs1 = _q2_q4_operands(sb, off_sq, g)
+        ok0 = Int32(g < m)
+        ok1 = Int32(g + 8 < m)
+        v_a0 = sb + K2_OFF_V + g * VSTR + (w * NW + 2 * q) * 2
+        return a_inv, a_mqk, bs0, bs1, ok0, ok1, [_v_words(v_a0, nb, ok0, ok1, VSTR) for nb in range(NW // 8)]
 
-            # -------- Q1: u, o1 accumulators, 8 sequential k-steps, operands read P1 k-steps ahead
-            acc_u = [[zero, zero, zero, zero] for _ in range(NB)]
-            acc_o = [[zero, zero, zero, zero] for _ in range(NB)]
-            q1_ops = []
-            b_pair = [None]  # NB == 1: the .x4.trans read of an even k-step serves the odd one too
-            for kb in cutlass.range_constexpr(min(P1, D // 16)):
-                q1_ops.append(_q1_operands(sb, region, kb, off_a, off_sb, NB, b_pair))
-            for kb in cutlass.range_constexpr(D // 16):
-                if cutlass.const_expr(kb + P1 < D // 16):
-                    q1_ops.append(_q1_operands(sb, region, kb + P1, off_a, off_sb, NB, b_pair))
-                a_k, a_q, bfrags = q1_ops[kb]
-                for nb in cutlass.range_constexpr(NB):
-                    acc_u[nb] = list(mma_bf16_16816(a_k, bfrags[nb], acc_u[nb]))
-                    acc_o[nb] = list(mma_bf16_16816(a_q, bfrags[nb], acc_o[nb]))
-            # Q1's ldmatrix read other lanes' S^T words that Q5 overwrites below: the warp's
-            # reads are done before any lane writes (racecheck's warp-level WAR hazard).
-            cute.arch.sync_warp()
+    def q1(self, sb, region, off_a, off_sb, zero):
+        """Q1: the u and o1 accumulators, 8 sequential k-steps, operands read P1 k-steps ahead."""
+        NB = self.config.nw // 8
+        P1 = self.config.schedule[1]
+        acc_u = [[zero, zero, zero, zero] for _ in range(NB)]
+        acc_o = [[zero, zero, zero, zero] for _ in range(NB)]
+        q1_ops = []
+        b_pair = [None]  # NB == 1: the .x4.trans read of an even k-step serves the odd one too
+        for kb in range(min(P1, D // 16)):
+            q1_ops.append(_q1_operands(sb, region, kb, off_a, off_sb, NB, b_pair))
+        for kb in range(D // 16):
+            if kb + P1 < D // 16:
+                q1_ops.append(_q1_operands(sb, region, kb + P1, off_a, off_sb, NB, b_pair))
+            a_k, a_q, bfrags = q1_ops[kb]
+            for nb in range(NB):
+                acc_u[nb] = list(mma_bf16_16816(a_k, bfrags[nb], acc_u[nb]))
+                acc_o[nb] = list(mma_bf16_16816(a_q, bfrags[nb], acc_o[nb]))
+        return acc_u, acc_o
 
-            # -------- Q2..Q4 per n-block
-            if cutlass.const_expr(not HOIST):
-                a_inv, a_mqk, bs0, bs1 = _q2_q4_operands(sb, off_sq, g)
-                ok0 = Int32(g < m)
-                ok1 = Int32(g + 8 < m)
-            row0 = Int64(start + g) * H64 + h64
-            out_a0 = p.out_ptr + row0 * HEAD_ROW_BYTES + Int64(col0 + 2 * q) * 2
-            out_a1 = out_a0 + Int64(8) * H64 * HEAD_ROW_BYTES
-            if cutlass.const_expr(not HOIST):
-                v_a0 = sb + K2_OFF_V + g * VSTR + (w * NW + 2 * q) * 2
-            u_frag = []
-            for nb in cutlass.range_constexpr(NB):
-                if cutlass.const_expr(HOIST):
-                    v_words = lambda: v_pre[nb]  # noqa: E731
-                else:  # read where Q2 needs them
-                    v_words = lambda: _v_words(v_a0, nb, ok0, ok1, VSTR)  # noqa: E731
-                if cutlass.const_expr(cfg.accurate and cfg.ablation != 1):
-                    # r as hi + lo into INV r, U rounded once; out = bf(o1 + acc32(Mqk U)), one rounding
-                    ub = solve_u_fragment_accurate(acc_u[nb], v_words, bs0, bs1, a_inv, zero, cfg.ablation)
-                    u_frag.append(ub)
-                    o2 = mma_split(a_mqk, ub, zero)
-                    ow0 = pack_bf16x2(add_rn(acc_o[nb][0], o2[0]), add_rn(acc_o[nb][1], o2[1]))
-                    ow1 = pack_bf16x2(add_rn(acc_o[nb][2], o2[2]), add_rn(acc_o[nb][3], o2[3]))
-                else:  # FlashKDA's Q2-Q4 (and the ablation kernel with only the state in fp32)
-                    ub = solve_u_fragment(acc_u[nb], v_words, bs0, bs1, a_inv, zero)
-                    u_frag.append((ub, None) if cfg.accurate else ub)
-                    o2 = mma_bf16_16816(a_mqk, ub, (zero, zero, zero, zero))
-                    o1r0, o1r1 = round_bf16x2(acc_o[nb][0], acc_o[nb][1])
-                    o1r2, o1r3 = round_bf16x2(acc_o[nb][2], acc_o[nb][3])
-                    o2r0, o2r1 = round_bf16x2(o2[0], o2[1])
-                    o2r2, o2r3 = round_bf16x2(o2[2], o2[3])
-                    ow0 = pack_bf16x2(add_rn(o1r0, o2r0), add_rn(o1r1, o2r1))
-                    ow1 = pack_bf16x2(add_rn(o1r2, o2r2), add_rn(o1r3, o2r3))
-                stg_b32_if(out_a0 + 16 * nb, ow0, ok0)
-                stg_b32_if(out_a1 + 16 * nb, ow1, ok1)
+    def q2_q4(self, p: K2Params, sb, acc_u, acc_o, hoisted, off_sq, g, q, w, m, start, col0, h64, H64, zero):
+        """Q2-Q4 per n-block: r, U (returned: the B fragments of Q5) and the output rows < m, as
+        predicated 4-byte stores. hoisted: q2_q4_operands' reads, or None to read them here."""
+        cfg = self.config
+        NW = cfg.nw
+        NB = NW // 8
+        VSTR = v_stride(cfg.value_block)
+        if hoisted is None:
+            a_inv, a_mqk, bs0, bs1 = _q2_q4_operands(sb, off_sq, g)
+            ok0 = Int32(g < m)
+            ok1 = Int32(g + 8 < m)
+        else:
+            a_inv, a_mqk, bs0, bs1, ok0, ok1, v_pre = hoisted
+        row0 = Int64(start + g) * H64 + h64
+        out_a0 = p.out_ptr + row0 * HEAD_ROW_BYTES + Int64(col0 + 2 * q) * 2
+        out_a1 = out_a0 + Int64(8) * H64 * HEAD_ROW_BYTES
+        if hoisted is None:
+            v_a0 = sb + K2_OFF_V + g * VSTR + (w * NW + 2 * q) * 2
+        u_frag = []
+        for nb in range(NB):
+            if hoisted is not None:
+                v_words = lambda: v_pre[nb]  # noqa: E731
+            else:  # read where Q2 needs them
+                v_words = lambda: _v_words(v_a0, nb, ok0, ok1, VSTR)  # noqa: E731
+            if cfg.accurate and cfg.ablation != 1:
+                # r as hi + lo into INV r, U rounded once; out = bf(o1 + acc32(Mqk U)), one rounding
+                ub = solve_u_fragment_accurate(acc_u[nb], v_words, bs0, bs1, a_inv, zero, cfg.ablation)
+                u_frag.append(ub)
+                o2 = mma_split(a_mqk, ub, zero)
+                ow0 = pack_bf16x2(add_rn(acc_o[nb][0], o2[0]), add_rn(acc_o[nb][1], o2[1]))
+                ow1 = pack_bf16x2(add_rn(acc_o[nb][2], o2[2]), add_rn(acc_o[nb][3], o2[3]))
+            else:  # FlashKDA's Q2-Q4 (and the ablation kernel with only the state in fp32)
+                ub = solve_u_fragment(acc_u[nb], v_words, bs0, bs1, a_inv, zero)
+                u_frag.append((ub, None) if cfg.accurate else ub)
+                o2 = mma_bf16_16816(a_mqk, ub, (zero, zero, zero, zero))
+                o1r0, o1r1 = round_bf16x2(acc_o[nb][0], acc_o[nb][1])
+                o1r2, o1r3 = round_bf16x2(acc_o[nb][2], acc_o[nb][3])
+                o2r0, o2r1 = round_bf16x2(o2[0], o2[1])
+                o2r2, o2r3 = round_bf16x2(o2[2], o2[3])
+                ow0 = pack_bf16x2(add_rn(o1r0, o2r0), add_rn(o1r1, o2r1))
+                ow1 = pack_bf16x2(add_rn(o1r2, o2r2), add_rn(o1r3, o2r3))
+            stg_b32_if(out_a0 + 16 * nb, ow0, ok0)
+            stg_b32_if(out_a1 + 16 * nb, ow1, ok1)
+        return u_frag
 
-            # -------- Q5: S^T = bf(fma(S^T, gamma, Kr^T U)), 8 m-blocks of 16 keys, Kr^T and
-            # gamma read P5 m-blocks ahead
-            q5_ops = []
-            for mb in cutlass.range_constexpr(min(P5, D // 16)):
-                q5_ops.append(_q5_operands(sb, mb, off_kr, g))
-            for mb in cutlass.range_constexpr(D // 16):
-                if cutlass.const_expr(mb + P5 < D // 16):
-                    q5_ops.append(_q5_operands(sb, mb + P5, off_kr, g))
-                a_kr, gam0, gam1 = q5_ops[mb]
-                for nb in cutlass.range_constexpr(NB):
-                    w_a0 = region + 128 * (nb + NB * (2 * mb)) + 4 * lane
-                    w_a1 = w_a0 + 128 * NB
-                    if cutlass.const_expr(cfg.accurate):
-                        ds = mma_split(a_kr, u_frag[nb], zero)
-                        wa, wb = state_f32_step(st, 4 * (nb + NB * mb), gam0, gam1, ds)
-                        sts_b32(w_a0, wa)
-                        sts_b32(w_a1, wb)
-                    else:
-                        ds = mma_bf16_16816(a_kr, u_frag[nb], (zero, zero, zero, zero))
-                        iw = 2 * (mb * NB + nb)
-                        st_words[iw], st_words[iw + 1] = state_words_step(st_words[iw], st_words[iw + 1],
-                                                                          gam0, gam1, ds)
-                        sts_b32(w_a0, st_words[iw])
-                        sts_b32(w_a1, st_words[iw + 1])
+    def q5(self, sb, region, lane, off_kr, g, u_frag, st, st_words, zero):
+        """Q5: S^T = bf(fma(S^T, gamma, Kr^T U)), 8 m-blocks of 16 keys, Kr^T and gamma read P5
+        m-blocks ahead; each new word into st_words (returned) and shared memory (for Q1)."""
+        cfg = self.config
+        NB = cfg.nw // 8
+        P5 = cfg.schedule[2]
+        q5_ops = []
+        for mb in range(min(P5, D // 16)):
+            q5_ops.append(_q5_operands(sb, mb, off_kr, g))
+        for mb in range(D // 16):
+            if mb + P5 < D // 16:
+                q5_ops.append(_q5_operands(sb, mb + P5, off_kr, g))
+            a_kr, gam0, gam1 = q5_ops[mb]
+            for nb in range(NB):
+                w_a0 = region + 128 * (nb + NB * (2 * mb)) + 4 * lane
+                w_a1 = w_a0 + 128 * NB
+                if cfg.accurate:
+                    ds = mma_split(a_kr, u_frag[nb], zero)
+                    wa, wb = state_f32_step(st, 4 * (nb + NB * mb), gam0, gam1, ds)
+                    sts_b32(w_a0, wa)
+                    sts_b32(w_a1, wb)
+                else:
+                    ds = mma_bf16_16816(a_kr, u_frag[nb], (zero, zero, zero, zero))
+                    iw = 2 * (mb * NB + nb)
+                    st_words[iw], st_words[iw + 1] = state_words_step(st_words[iw], st_words[iw + 1], gam0, gam1, ds)
+                    sts_b32(w_a0, st_words[iw])
+                    sts_b32(w_a1, st_words[iw + 1])
+        return st_words
 
-            # state writes visible to the whole warp before the next Q1; every thread releases
-            # its own stage reads (empty[s] counts 32 arrivals per MMA warp)
-            cute.arch.sync_warp()
-            cute.arch.mbarrier_arrive(empty + s)
-            if cutlass.const_expr(cfg.ext):
-                # checkpoint (docs/state_pool.md): the state after a full tile that ends every C
-                # tokens of its sequence, or at one of its given offsets
-                ck_dst = checkpoint_target(p.ck_ptr, p.ck_every, ck_base, start, m, ck_targets, p.ck_stride, H64, h64)
-                if ck_dst >= Int64(0):
-                    _store_exit_state(p.ck_ptr, ck_dst, region, lane, col0, NB, NW, cfg.final_fp32)
-
-        # -------- Q6 exit state
+    @cute.jit
+    def store_exit_state(self, p: K2Params, region: Int32, lane: Int32, col0: Int32, g: Int32, q: Int32, h64: Int64,
+                         H64: Int64, slot: Int32, st):
+        """Q6 exit: written by each MMA warp for its own columns, even when the sequence has no tile."""
+        cfg = self.config
+        NW = cfg.nw
+        NB = NW // 8
         if cutlass.const_expr(cfg.has_final):
             if slot >= 0:
                 if cutlass.const_expr(cfg.ext):  # never accurate (K2Config asserts it)
@@ -530,8 +581,8 @@ class K2Recurrence:
                 elif cutlass.const_expr(cfg.accurate and cfg.final_fp32):
                     _store_master_state(st, p.final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), col0, g, q, NB)
                 else:  # bf16 (in accurate mode the shared copy is bf(master): the same values)
-                    _store_exit_state(p.final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), region, lane, col0, NB,
-                                      NW, cfg.final_fp32)
+                    _store_exit_state(p.final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), region, lane, col0,
+                                      NB, NW, cfg.final_fp32)
 
 
 class K2Serial(K2Recurrence):
