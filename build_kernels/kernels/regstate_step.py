@@ -127,6 +127,55 @@ def _stage_operands(sb, off_sq, q, wg, r0, m, VSTR: int):
     return f_inv, f_mqk, bs, vv, gam
 
 
+def _q2_q3(acc_u, vv, bs, f_inv, zero):
+    """Q2 and Q3 of FlashKDA's recipe (emitted inline): r^T = bf(bf(v^T - bf(u^T)) * bsig) on u^T's
+    accumulator, then U^T = bf(acc32(r^T INV^T)) for token blocks 0 and 1; returns U^T's A fragment.
+    A-fragment word 2 j + hp of r^T is (value row r0 + 8 hp, tokens 8 j + 2q, + 1), accumulator
+    elements 4 j + 2 hp, + 1."""
+    a_r = []
+    for j in range(2):
+        for hp in range(2):
+            c = 4 * j + 2 * hp
+            u0, u1 = round_bf16x2(acc_u[c], acc_u[c + 1])
+            d0, d1 = round_bf16x2(sub_rn(vv[c], u0), sub_rn(vv[c + 1], u1))
+            a_r.append(pack_bf16x2(mul_rn(d0, bs[2 * j]), mul_rn(d1, bs[2 * j + 1])))
+    uu = list(mma_bf16_16816(a_r, (f_inv[0], f_inv[2]), (zero, zero, zero, zero))) + \
+        list(mma_bf16_16816(a_r, (f_inv[1], f_inv[3]), (zero, zero, zero, zero)))
+    return [pack_bf16x2(uu[4 * j + 2 * hp], uu[4 * j + 2 * hp + 1]) for j in range(2) for hp in range(2)]
+
+
+def _q5_chain(a_u, a_s, acc_o, sb, zero):
+    """Q5's product, both recipes (emitted inline): acc32(U^T Kr) as one m64n128k16, then the wait
+    for it and for o1's chain. Returns (a_u, a_s, d5, acc_o) as the wait hands them back."""
+    a_u, d5 = wgmma_fence(a_u, [zero] * 64)
+    d5 = wgmma_m64n128k16_rs_mn(d5, a_u, smem_desc(sb + K2_OFF_KR, 128, 256))
+    wgmma_commit()
+    words, floats = wgmma_wait(0, a_u + a_s, d5 + acc_o)  # Q5 and o1's chain done
+    return words[:4], words[4:], floats[:64], floats[64:]
+
+
+def _q4_store(out_ptr, a_u, f_mqk, acc_o, start, m, g, q, wl, col_wg, h64, H64, zero, accurate: bool):
+    """Q4, both recipes (emitted inline): o2^T = acc32(U^T Mqk^T) for token blocks 0 and 1, out =
+    bf(bf(o1) + bf(o2)) (FlashKDA) or bf(o1 + o2) (accurate: one rounding). Word (j, hp) holds (value
+    row r0 + 8 hp, tokens 8 j + 2q, + 1); movmatrix makes it (token 8 j + g, value rows 16 wl + 8 hp
+    + 2q, + 1), one 4-byte store of a token row as K2 stores them, rows < m only."""
+    o2 = list(mma_bf16_16816(a_u, (f_mqk[0], f_mqk[2]), (zero, zero, zero, zero))) + \
+        list(mma_bf16_16816(a_u, (f_mqk[1], f_mqk[3]), (zero, zero, zero, zero)))
+    for j in range(2):
+        row = Int64(start + 8 * j + g) * H64 + h64
+        ok = Int32(8 * j + g < m)
+        for hp in range(2):
+            c = 4 * j + 2 * hp
+            if accurate:
+                word = movmatrix_t(pack_bf16x2(add_rn(acc_o[c], o2[c]), add_rn(acc_o[c + 1], o2[c + 1])))
+            else:
+                o1a, o1b = round_bf16x2(acc_o[c], acc_o[c + 1])
+                o2a, o2b = round_bf16x2(o2[c], o2[c + 1])
+                word = movmatrix_t(pack_bf16x2(add_rn(o1a, o2a), add_rn(o1b, o2b)))
+            col = col_wg + 16 * wl + 8 * hp + 2 * q
+            stg_b32_if(out_ptr + row * HEAD_ROW_BYTES + Int64(col) * 2, word, ok)
+
+
 @cute.jit
 def mma_warpgroups(cfg, p: K2Params, seq: SequenceTiles, warp: Int32, lane: Int32, vblk: Int32, n: Int32, h64: Int64,
                    H64: Int64, full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, slot: Int32, in_slot: Int32):
@@ -167,31 +216,10 @@ def mma_warpgroups(cfg, p: K2Params, seq: SequenceTiles, warp: Int32, lane: Int3
         f_inv, f_mqk, bs, vv, gam = _stage_operands(sb, off_sq, q, wg, r0, m, VSTR)
 
         acc_u = wgmma_wait(1, [], acc_u)[1]  # u^T's group done (o1's may still run)
-
-        # -------- Q2 on u^T's accumulator: A-fragment word 2 j + hp of r^T is (value row
-        # r0 + 8 hp, tokens 8 j + 2q, + 1), accumulator elements 4 j + 2 hp, + 1
-        a_r = []
-        for j in cutlass.range_constexpr(2):
-            for hp in cutlass.range_constexpr(2):
-                c = 4 * j + 2 * hp
-                u0, u1 = round_bf16x2(acc_u[c], acc_u[c + 1])
-                d0, d1 = round_bf16x2(sub_rn(vv[c], u0), sub_rn(vv[c + 1], u1))
-                a_r.append(pack_bf16x2(mul_rn(d0, bs[2 * j]), mul_rn(d1, bs[2 * j + 1])))
-
-        # -------- Q3: U^T = bf(acc32(r^T INV^T)), token blocks 0 and 1
-        uu = list(mma_bf16_16816(a_r, (f_inv[0], f_inv[2]), (zero, zero, zero, zero))) + \
-            list(mma_bf16_16816(a_r, (f_inv[1], f_inv[3]), (zero, zero, zero, zero)))
-        a_u = [pack_bf16x2(uu[4 * j + 2 * hp], uu[4 * j + 2 * hp + 1]) for j in range(2) for hp in range(2)]
-
+        # -------- Q2, Q3: U^T = bf(acc32(r^T INV^T))
+        a_u = _q2_q3(acc_u, vv, bs, f_inv, zero)
         # -------- Q5: S = bf(fma(S, gamma, acc32(U^T Kr))), one m64n128k16
-        a_u, d5 = wgmma_fence(a_u, [zero] * 64)
-        d5 = wgmma_m64n128k16_rs_mn(d5, a_u, smem_desc(sb + K2_OFF_KR, 128, 256))
-        wgmma_commit()
-        words, floats = wgmma_wait(0, a_u + a_s, d5 + acc_o)  # Q5 and o1's chain done
-        a_u = words[:4]
-        a_s = words[4:]
-        d5 = floats[:64]
-        acc_o = floats[64:]
+        a_u, a_s, d5, acc_o = _q5_chain(a_u, a_s, acc_o, sb, zero)
         # accumulator element 8 kb + 2 e + x sits where half x of a_s[4 kb + e] does
         for kb in cutlass.range_constexpr(D // 16):
             for e in cutlass.range_constexpr(4):
@@ -199,22 +227,8 @@ def mma_warpgroups(cfg, p: K2Params, seq: SequenceTiles, warp: Int32, lane: Int3
                 gi = 4 * kb + 2 * (e >> 1)
                 a_s[4 * kb + e] = pack_bf16x2(fma_rn(s0, gam[gi], d5[8 * kb + 2 * e]),
                                               fma_rn(s1, gam[gi + 1], d5[8 * kb + 2 * e + 1]))
-
-        # -------- Q4: out = bf(bf(o1) + bf(acc32(Mqk U))), off the chain. Word (j, hp) holds
-        # (value row r0 + 8 hp, tokens 8 j + 2q, + 1); movmatrix makes it (token 8 j + g, value
-        # rows 16 wl + 8 hp + 2q, + 1), one 4-byte store of a token row as K2 stores them
-        o2 = list(mma_bf16_16816(a_u, (f_mqk[0], f_mqk[2]), (zero, zero, zero, zero))) + \
-            list(mma_bf16_16816(a_u, (f_mqk[1], f_mqk[3]), (zero, zero, zero, zero)))
-        for j in cutlass.range_constexpr(2):
-            row = Int64(start + 8 * j + g) * H64 + h64
-            ok = Int32(8 * j + g < m)
-            for hp in cutlass.range_constexpr(2):
-                c = 4 * j + 2 * hp
-                o1a, o1b = round_bf16x2(acc_o[c], acc_o[c + 1])
-                o2a, o2b = round_bf16x2(o2[c], o2[c + 1])
-                word = movmatrix_t(pack_bf16x2(add_rn(o1a, o2a), add_rn(o1b, o2b)))
-                col = col_wg + 16 * wl + 8 * hp + 2 * q
-                stg_b32_if(p.out_ptr + row * HEAD_ROW_BYTES + Int64(col) * 2, word, ok)
+        # -------- Q4, off the chain: out = bf(bf(o1) + bf(acc32(Mqk U)))
+        _q4_store(p.out_ptr, a_u, f_mqk, acc_o, start, m, g, q, wl, col_wg, h64, H64, zero, False)
 
         # every thread releases its own stage reads; the wgmmas' are complete (wait 0 above)
         cute.arch.mbarrier_arrive(empty + s)
@@ -325,13 +339,7 @@ def mma_warpgroups_accurate(cfg, p: K2Params, seq: SequenceTiles, warp: Int32, l
         a_u = [pack_bf16x2(uu[4 * j + 2 * hp], uu[4 * j + 2 * hp + 1]) for j in range(2) for hp in range(2)]
 
         # -------- Q5: master = fma(master, gamma, acc32(U^T Kr)), one m64n128k16
-        a_u, d5 = wgmma_fence(a_u, [zero] * 64)
-        d5 = wgmma_m64n128k16_rs_mn(d5, a_u, smem_desc(sb + K2_OFF_KR, 128, 256))
-        wgmma_commit()
-        words, floats = wgmma_wait(0, a_u + a_s, d5 + acc_o)
-        a_u = words[:4]
-        d5 = floats[:64]
-        acc_o = floats[64:]
+        a_u, _, d5, acc_o = _q5_chain(a_u, a_s, acc_o, sb, zero)
         # accumulator element 8 kb + 2 e + x sits where st[8 kb + 2 e + x] does
         new_st = []
         a_s = []
@@ -346,16 +354,7 @@ def mma_warpgroups_accurate(cfg, p: K2Params, seq: SequenceTiles, warp: Int32, l
         st = new_st
 
         # -------- Q4: out = bf(o1 + acc32(Mqk U)), one rounding, stored as mma_warpgroups stores it
-        o2 = list(mma_bf16_16816(a_u, (f_mqk[0], f_mqk[2]), (zero, zero, zero, zero))) + \
-            list(mma_bf16_16816(a_u, (f_mqk[1], f_mqk[3]), (zero, zero, zero, zero)))
-        for j in cutlass.range_constexpr(2):
-            row = Int64(start + 8 * j + g) * H64 + h64
-            ok = Int32(8 * j + g < m)
-            for hp in cutlass.range_constexpr(2):
-                c = 4 * j + 2 * hp
-                word = movmatrix_t(pack_bf16x2(add_rn(acc_o[c], o2[c]), add_rn(acc_o[c + 1], o2[c + 1])))
-                col = col_wg + 16 * wl + 8 * hp + 2 * q
-                stg_b32_if(p.out_ptr + row * HEAD_ROW_BYTES + Int64(col) * 2, word, ok)
+        _q4_store(p.out_ptr, a_u, f_mqk, acc_o, start, m, g, q, wl, col_wg, h64, H64, zero, True)
 
         cute.arch.mbarrier_arrive(empty + s)
 
