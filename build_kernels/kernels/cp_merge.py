@@ -182,6 +182,8 @@ class CpMerge:
         g = lane >> 2
         q = lane & 3
 
+        # The shared-memory plan of the module docstring, allocated in order. The same plan as a
+        # cute.struct (one allocate of a SharedStorage) moves one add in the PTX, so it stays as calls.
         smem = cutlass.memory.SmemAllocator()
         s_m = smem.allocate(2 * M_BYTES, byte_alignment=128)
         s_b = smem.allocate(2 * B_BYTES, byte_alignment=128)

@@ -180,7 +180,12 @@ def alloc_ring(smem, stage_size: int):
     """The stage ring of K2 and pre_scan in shared memory, allocated first: 2 * STAGES mbarriers
     (full[s], then empty[s]) and STAGES stages of stage_size bytes (each kernel has its own stage
     layout). Returns (full, empty, buffer address); init_ring initialises the barriers once the
-    kernel's other buffers are allocated."""
+    kernel's other buffers are allocated.
+
+    Hand-rolled rather than the DSL's pipeline.PipelineTmaAsync, which would change the PTX and the
+    protocol (module docstrings of the kernels): it arms full[s] with a transaction count fixed at
+    creation, where a tile's bytes depend on its valid rows m, and releases empty[s] from one
+    signalling thread per consumer warp, where every MMA thread arrives (docs/sanitizers.md)."""
     bars = smem.allocate_array(Int64, 2 * STAGES, byte_alignment=8)
     buf = smem.allocate(STAGES * stage_size, byte_alignment=128)
     return bars, bars + STAGES, buf.toint()
