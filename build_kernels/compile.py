@@ -75,22 +75,17 @@ def fingerprint(variant: Variant) -> str:
 
 
 def host_entry(variant: Variant):
-    """(callable, keyword constants) that `cute.compile` traces for the variant. The kernel module's
-    attribute named by the variant's entry is either a kernel class, configured from the constants
-    (`Class(**constants)`; its `@cute.jit __call__` is the host entry), or a `@cute.jit` function
-    that takes the constants as Constexpr keyword arguments."""
+    """The object `cute.compile` traces for the variant: the kernel module's attribute named by the
+    variant's entry is a kernel class, configured from the constants (`Class(**constants)`), and
+    its `@cute.jit __call__` is the host entry."""
     mod = importlib.import_module(f"build_kernels.kernels.{variant.module}")
-    entry = getattr(mod, variant.entry)
-    if isinstance(entry, type):
-        return entry(**dict(variant.constants)), {}
-    return entry, dict(variant.constants)
+    return getattr(mod, variant.entry)(**dict(variant.constants))
 
 
 def compile_entry(variant: Variant, extra_options: str = ""):
     """cute.compile of the variant's host entry with its constants: the one place the build, the
     PTX check and the compile-only tests compile a kernel."""
-    entry, constants = host_entry(variant)
-    return cute.compile(entry, *[fake_arg(a) for a in variant.args], **constants, options=OPTIONS + extra_options)
+    return cute.compile(host_entry(variant), *[fake_arg(a) for a in variant.args], options=OPTIONS + extra_options)
 
 
 def compile_variant(variant: Variant, out_dir: Path, cache_dir: Path) -> bool:

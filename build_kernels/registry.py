@@ -1,7 +1,7 @@
 """Every kernel variant the library ships, in one table.
 
-A variant is one exported symbol: a host entry (a `@cute.jit` function, or a kernel class whose
-`@cute.jit __call__` is the entry) compiled with fixed compile-time constants. Its argument list is declared here once, as data, and serves both wings:
+A variant is one exported symbol: a host entry (the `@cute.jit __call__` of a kernel class,
+configured from the variant's constants) compiled with fixed compile-time constants. Its argument list is declared here once, as data, and serves both wings:
 the build turns it into fake arguments for `cute.compile`, and the manifest carries it to the
 runtime, which turns it into ctypes values. Every kernel takes raw device pointers, integer
 scalars and the stream last, so the C ABI is the same flat shape for all of them.
@@ -51,9 +51,9 @@ class Variant:
 
     name: str  # unique, used as the export prefix and by the runtime to find the kernel
     module: str  # module under build_kernels.kernels holding the host entry
-    entry: str  # the module's attribute of that name: the @cute.jit host function or the kernel class
+    entry: str  # the module's attribute of that name: the kernel class whose __call__ is the host entry
     args: Tuple[Arg, ...]
-    constants: Tuple[Tuple[str, object], ...] = ()  # Constexpr keyword arguments, baked in
+    constants: Tuple[Tuple[str, object], ...] = ()  # the kernel class's keyword arguments, baked in
 
     def to_json(self) -> Dict[str, object]:
         return {
