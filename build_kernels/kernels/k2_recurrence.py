@@ -79,7 +79,7 @@ from .recurrence_common import (FOLDED_PREFETCH, HEAD_ROW_BYTES, K2_OFF_BSIG, K2
                                 solve_u_fragment_accurate, state_f32_step, state_words_step, v_stride)
 from .. import abi_constants as ABI_CONSTANTS
 from .state_io import checkpoint_target, checkpoint_targets, k2_state_slots, sequence_start_of
-from .tile_ops import CHUNK, D
+from .tile_ops import D
 
 
 @dataclasses.dataclass(frozen=True)
