@@ -40,6 +40,12 @@ STATE_BYTES = D * D * 4  # one fp32 [V, K] state: the CP scratch per (segment, h
 MAX_SLOTS = 256  # argument slots of one native call (program.py builds them, the shim's kda_run holds them)
 
 
+# Value blocks the register-state K2 exists at (build_kernels/kernels/k2_regstate.py: a warpgroup
+# per 64 value columns): the registry builds a twin of every K2 variant at these, and the kernel
+# accepts no other. Build side only (not in RUNTIME_NAMES): kda_aot/plan/planner.py states its own
+# REGSTATE_VALUE_BLOCKS, the blocks it picks the twin at.
+REGSTATE_VALUE_BLOCKS = (64, 128)
+
 # The register-state twin of a K2 variant (same arguments, same bits) is named k2_X -> k2_regstate_X:
 # the registry names the twins with it, the launcher looks them up with it.
 REGSTATE_RENAME = ("k2_", "k2_regstate_")

@@ -74,12 +74,18 @@ def fingerprint(variant: Variant) -> str:
     return h.hexdigest()[:20]
 
 
+def host_entry(variant: Variant):
+    """The object `cute.compile` traces for the variant: the kernel module's attribute named by the
+    variant's entry is a kernel class, configured from the constants (`Class(**constants)`), and
+    its `@cute.jit __call__` is the host entry."""
+    mod = importlib.import_module(f"build_kernels.kernels.{variant.module}")
+    return getattr(mod, variant.entry)(**dict(variant.constants))
+
+
 def compile_entry(variant: Variant, extra_options: str = ""):
     """cute.compile of the variant's host entry with its constants: the one place the build, the
     PTX check and the compile-only tests compile a kernel."""
-    mod = importlib.import_module(f"build_kernels.kernels.{variant.module}")
-    return cute.compile(getattr(mod, variant.entry), *[fake_arg(a) for a in variant.args],
-                        **dict(variant.constants), options=OPTIONS + extra_options)
+    return cute.compile(host_entry(variant), *[fake_arg(a) for a in variant.args], options=OPTIONS + extra_options)
 
 
 def compile_variant(variant: Variant, out_dir: Path, cache_dir: Path) -> bool:

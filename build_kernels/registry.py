@@ -1,7 +1,7 @@
 """Every kernel variant the library ships, in one table.
 
-A variant is one exported symbol: a host entry (`@cute.jit` function) compiled with fixed
-compile-time constants. Its argument list is declared here once, as data, and serves both wings:
+A variant is one exported symbol: a host entry (the `@cute.jit __call__` of a kernel class,
+configured from the variant's constants) compiled with fixed compile-time constants. Its argument list is declared here once, as data, and serves both wings:
 the build turns it into fake arguments for `cute.compile`, and the manifest carries it to the
 runtime, which turns it into ctypes values. Every kernel takes raw device pointers, integer
 scalars and the stream last, so the C ABI is the same flat shape for all of them.
@@ -51,9 +51,9 @@ class Variant:
 
     name: str  # unique, used as the export prefix and by the runtime to find the kernel
     module: str  # module under build_kernels.kernels holding the host entry
-    entry: str  # the @cute.jit host function
+    entry: str  # the module's attribute of that name: the kernel class whose __call__ is the host entry
     args: Tuple[Arg, ...]
-    constants: Tuple[Tuple[str, object], ...] = ()  # Constexpr keyword arguments, baked in
+    constants: Tuple[Tuple[str, object], ...] = ()  # the kernel class's keyword arguments, baked in
 
     def to_json(self) -> Dict[str, object]:
         return {
@@ -180,7 +180,7 @@ def _k2_segments(accurate: bool = False) -> List[Variant]:
     for name, dtype in (("bf16", "bfloat16"), ("f32", "float32")):
         for vb in VALUE_BLOCKS:
             # The segment tables stand where the sequence tables stand in K2, under their own names
-            # (the host entry's parameter names: tests/test_build_ptx.py compares them).
+            # (the host entry's parameter names: tests/build/test_ptx.py compares them).
             args = (ptr("v", "bfloat16"), ptr("out", "bfloat16")) + WORKSPACE_ARGS + (
                     ptr("seg_start", "int32", 4), ptr("seg_prefix", "int32", 4), ptr("carries", "float32"),
                     ptr("final_state", dtype), ptr("final_slot", "int32", 4), scalar("t_total", "i32"),
@@ -225,7 +225,7 @@ def _cp_pre_scan(accurate: bool = False) -> List[Variant]:
 
 def _cp_seg_tables() -> List[Variant]:
     """CP segment tables built on the device from cu_seqlens (any content) or the dense shape
-    (docs/kernel_abi.md; twin: kda_aot.cp_plan.device_segment_tables). One CTA."""
+    (docs/kernel_abi.md; twin: tests/cp_twins.py device_segment_tables). One CTA."""
     tables = (ptr("seg_start", "int32", 4), ptr("seg_prefix", "int32", 4), ptr("scan_seg", "int32", 4),
               ptr("seg_first", "int32", 4), ptr("seg_count", "int32", 4), ptr("final_slot", "int32", 4))
     sizes = tuple(scalar(name, "i32") for name in
@@ -308,7 +308,7 @@ def _k2_regstate() -> List[Variant]:
     """K2 with the state in registers and Q1 / Q5 as warpgroup MMAs (docs/k2_regstate.md), a twin of
     every serial, segmented and state-pool K2 variant of FlashKDA's recipe at VB=64 and 128 with its
     arguments (VB=64 with a producer warp, VB=128 with a producer warpgroup:
-    k2_regstate.producer_warps), then of every serial and segmented numerics="accurate" K2 variant
+    k2_regstate.RegstateConfig.producer_warps), then of every serial and segmented numerics="accurate" K2 variant
     (constant accurate=True; the accurate recipe has no state-pool K2). The planner picks the twin
     wherever there is one (planner.k2_kernel, launcher.k2_kernel_name): FlashKDA's was measured faster
     than the mma.sync K2 on every shape."""
@@ -318,14 +318,14 @@ def _k2_regstate() -> List[Variant]:
     for v in _k2() + _k2_segments() + _k2_ext() + _k2(True) + _k2_segments(True):
         vb = dict(v.constants)["value_block"]
         base = tuple(c for c in v.constants if c[0] != "ablation")
-        if vb in (64, 128):
+        if vb in ABI_CONSTANTS.REGSTATE_VALUE_BLOCKS:
             out.append(dataclasses.replace(v, name=ABI_CONSTANTS.regstate_name(v.name), module="k2_regstate",
                                            entry=entries[v.entry], constants=base))
     return out
 
 
 # The build compiles exactly these. The runtime finds each kernel by name in the library's own
-# manifest and the ABI hash sorts them by name (kda_aot/abi_hash.py), so this order is only the
+# manifest and the ABI hash sorts them by name (kda_aot/library/abi_hash.py), so this order is only the
 # order of the build's log and of the library's tables.
 FAMILIES = {
     # device-built tables

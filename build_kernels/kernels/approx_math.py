@@ -17,26 +17,41 @@ THREADS = 256
 OPS = {0: "ex2.approx.ftz.f32", 1: "tanh.approx.f32", 2: "rsqrt.approx.ftz.f32"}
 
 
-@cute.kernel
-def _approx_math_kernel(mX: cute.Tensor, mY: cute.Tensor, n: Int32, op: cutlass.Constexpr[int]):
-    tidx, _, _ = cute.arch.thread_idx()
-    bidx, _, _ = cute.arch.block_idx()
-    i = bidx * THREADS + tidx
-    if i < n:
-        x = mX[i]
-        if cutlass.const_expr(op == 0):
-            y = ex2_approx_ftz(x)
-        elif cutlass.const_expr(op == 1):
-            y = tanh_approx(x)
-        else:
-            y = rsqrt_approx_ftz(x)
-        mY[i] = y
+class ApproxMath:
+    """The elementwise approximation OPS[op] (registry entry approx_math); op is the static
+    configuration."""
+
+    def __init__(self, op: int):
+        assert op in OPS, op
+        self.op = op
+
+    def __str__(self):
+        """What the kernel's PTX symbol spells for this object (the DSL spells a kernel method's
+        symbol from its object)."""
+        return f"ApproxMath_{self.op}"
+
+    @cute.jit
+    def __call__(self, x: cute.Pointer, y: cute.Pointer, n: Int32, stream: cuda.CUstream):
+        """y[i] = OPS[op](x[i]) for i < n (fp32 in, fp32 out)."""
+        layout = cute.make_layout(n)
+        self.kernel(cute.make_tensor(x, layout), cute.make_tensor(y, layout), n).launch(
+            grid=((n + THREADS - 1) // THREADS, 1, 1), block=(THREADS, 1, 1), stream=stream)
+
+    @cute.kernel
+    def kernel(self, mX: cute.Tensor, mY: cute.Tensor, n: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        i = bidx * THREADS + tidx
+        if i < n:
+            x = mX[i]
+            if cutlass.const_expr(self.op == 0):
+                y = ex2_approx_ftz(x)
+            elif cutlass.const_expr(self.op == 1):
+                y = tanh_approx(x)
+            else:
+                y = rsqrt_approx_ftz(x)
+            mY[i] = y
 
 
-@cute.jit
-def approx_math(x: cute.Pointer, y: cute.Pointer, n: Int32, stream: cuda.CUstream, op: cutlass.Constexpr[int]):
-    """y[i] = OPS[op](x[i]) for i < n (fp32 in, fp32 out)."""
-    assert op in OPS, op
-    layout = cute.make_layout(n)
-    _approx_math_kernel(cute.make_tensor(x, layout), cute.make_tensor(y, layout), n, op).launch(
-        grid=((n + THREADS - 1) // THREADS, 1, 1), block=(THREADS, 1, 1), stream=stream)
+# The registry's entry name (the manifest's): the class whose __call__ is the host entry (compile.py).
+approx_math = ApproxMath

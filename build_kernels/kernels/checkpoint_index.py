@@ -21,39 +21,50 @@ from .tile_ops import await_previous_grid
 THREADS = 256
 
 
-@cute.kernel
-def _checkpoint_index_kernel(mStart: cute.Tensor, mIndex: cute.Tensor, n_seq: Int32, n_slots: Int32,
-                             every: Int32):
-    bidx, _, _ = cute.arch.block_idx()
-    tidx, _, _ = cute.arch.thread_idx()
-    await_previous_grid()
-    s = bidx * THREADS + tidx
-    if s < n_slots:
-        seq = Int32(-1)
-        pos_out = Int32(-1)
-        if n_seq > 0:
-            pos = Int32(0)
-            for b in cutlass.range_constexpr(30, -1, -1):
-                cand = pos + Int32(1 << b)
-                if cand < n_seq:
-                    if mStart[cand] // every <= s:
-                        pos = cand
-            start = mStart[pos]
-            j = s - start // every + 1
-            if j >= 1:
-                if j * every <= mStart[pos + 1] - start:
-                    seq = pos
-                    pos_out = j * every
-        mIndex[2 * s] = seq
-        mIndex[2 * s + 1] = pos_out
+class CheckpointIndex:
+    """The checkpoint index kernel (registry entry checkpoint_index); no static configuration."""
+
+    def __str__(self):
+        """What the kernel's PTX symbol spells for this object (the DSL spells a kernel method's
+        symbol from its object)."""
+        return type(self).__name__
+
+    @cute.jit
+    def __call__(self, seq_start: cute.Pointer, checkpoint_index: cute.Pointer, n_seq: Int32, n_slots: Int32,
+                 checkpoint_every: Int32, stream: cuda.CUstream):
+        """seq_start int32 [n_seq + 1] (the sequence tables) -> checkpoint_index int32 [n_slots, 2]
+        (sequence, prefix tokens) or (-1, -1). n_slots >= 1, checkpoint_every >= 16."""
+        self.kernel(cute.make_tensor(seq_start, cute.make_layout(n_seq + 1)),
+                    cute.make_tensor(checkpoint_index, cute.make_layout(2 * n_slots)), n_seq, n_slots,
+                    checkpoint_every).launch(
+            grid=((n_slots + THREADS - 1) // THREADS, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True)
+
+    @cute.kernel
+    def kernel(self, mStart: cute.Tensor, mIndex: cute.Tensor, n_seq: Int32, n_slots: Int32, every: Int32):
+        """Slot s per thread: the binary search for its sequence, then the check of j."""
+        bidx, _, _ = cute.arch.block_idx()
+        tidx, _, _ = cute.arch.thread_idx()
+        await_previous_grid()
+        s = bidx * THREADS + tidx
+        if s < n_slots:
+            seq = Int32(-1)
+            pos_out = Int32(-1)
+            if n_seq > 0:
+                pos = Int32(0)
+                for b in cutlass.range_constexpr(30, -1, -1):
+                    cand = pos + Int32(1 << b)
+                    if cand < n_seq:
+                        if mStart[cand] // every <= s:
+                            pos = cand
+                start = mStart[pos]
+                j = s - start // every + 1
+                if j >= 1:
+                    if j * every <= mStart[pos + 1] - start:
+                        seq = pos
+                        pos_out = j * every
+            mIndex[2 * s] = seq
+            mIndex[2 * s + 1] = pos_out
 
 
-@cute.jit
-def checkpoint_index(seq_start: cute.Pointer, checkpoint_index: cute.Pointer, n_seq: Int32, n_slots: Int32,
-                     checkpoint_every: Int32, stream: cuda.CUstream):
-    """seq_start int32 [n_seq + 1] (the sequence tables) -> checkpoint_index int32 [n_slots, 2]
-    (sequence, prefix tokens) or (-1, -1). n_slots >= 1, checkpoint_every >= 16."""
-    _checkpoint_index_kernel(cute.make_tensor(seq_start, cute.make_layout(n_seq + 1)),
-                             cute.make_tensor(checkpoint_index, cute.make_layout(2 * n_slots)), n_seq, n_slots,
-                             checkpoint_every).launch(
-        grid=((n_slots + THREADS - 1) // THREADS, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True)
+# The registry's entry name (the manifest's): the class whose __call__ is the host entry (compile.py).
+checkpoint_index = CheckpointIndex

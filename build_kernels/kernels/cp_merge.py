@@ -52,6 +52,8 @@ Programmatic dependent launch: the kernel is launched with use_pdl and waits for
 (pre_scan) before touching global memory, so its launch and set-up overlap pre_scan's tail.
 """
 
+import dataclasses
+
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
@@ -126,100 +128,156 @@ def _first_carry(init_ptr, ib, carry_ptr, cb0, c_base, tidx, has_initial: bool, 
         st_shared_v4(c_base + (r * C_STRIDE + col) * 4, [to_tf32(xi) for xi in x])
 
 
-@cute.kernel
-def _cp_merge_kernel(m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int64, mFirst: cute.Tensor,
-                     mCount: cute.Tensor, n_heads: Int32, idx_ptr: Int64, slot_stride: Int64, n_pool: Int32,
-                     has_initial: cutlass.Constexpr[bool], state_fp32: cutlass.Constexpr[bool],
-                     pooled: cutlass.Constexpr[bool]):
-    rb, n, h = cute.arch.block_idx()
-    tidx, _, _ = cute.arch.thread_idx()
-    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-    lane = cute.arch.lane_idx()
-    g = lane >> 2
-    q = lane & 3
+@dataclasses.dataclass(frozen=True)
+class MergeConfig:
+    """The static configuration of one merge kernel: the initial state (has_initial; state_fp32: fp32,
+    else bf16) and whether it comes from a state pool's slots (pooled, docs/state_pool.md)."""
 
-    smem = cutlass.memory.SmemAllocator()
-    s_m = smem.allocate(2 * M_BYTES, byte_alignment=128)
-    s_b = smem.allocate(2 * B_BYTES, byte_alignment=128)
-    s_c = smem.allocate(2 * CARRY_BYTES, byte_alignment=128)
-    full = smem.allocate_array(Int64, 2, byte_alignment=8)
-    m_base = s_m.toint()
-    b_base = s_b.toint()
-    c_base = s_c.toint()
-    if warp == 0:
-        with cute.arch.elect_one():
-            cute.arch.mbarrier_init(full, 1)
-            cute.arch.mbarrier_init(full + 1, 1)
-            cute.arch.mbarrier_init_fence()
-    cute.arch.barrier()
+    has_initial: bool = True
+    state_fp32: bool = True
+    pooled: bool = False
 
-    await_previous_grid()  # pre_scan's m_seg / b_seg are complete and visible
-    first = mFirst[n]
-    count = mCount[n]
-    nsteps = count - 1  # <= 0: no step
-    h64 = Int64(h)
-    H64 = Int64(n_heads)
-    row0 = rb * ROWS  # first value row of this CTA
-    ctx = (m_ptr, b_ptr, m_base, b_base, full, h64, H64, first, row0)
 
-    if nsteps > 0:
-        _issue_step(ctx, Int32(0), Int32(0), warp, tidx)
-    cute.arch.cp_async_commit_group()
+class CpMerge:
+    """The CP merge of one static configuration (MergeConfig); CpMergePool adds the state-pool entry."""
 
-    # -------- carry[first] = widened initial state (or 0): global fp32 copy + tf32 A operand in smem
-    if count > 0:
-        cb0 = _mat_base(first, h64, H64) + Int64(row0 * D)
-        if cutlass.const_expr(pooled):
-            # state pool (docs/state_pool.md): sequence n starts from slot state_index[n]; no slot -> 0
-            slot = pool_slot(n, idx_ptr, n_pool, init_ptr)
-            if slot >= 0:
-                _first_carry(init_ptr, Int64(slot) * slot_stride + h64 * MAT + Int64(row0 * D), carry_ptr, cb0,
-                             c_base, tidx, True, state_fp32)
-            else:
-                _first_carry(init_ptr, Int64(0), carry_ptr, cb0, c_base, tidx, False, state_fp32)
-        else:
-            _first_carry(init_ptr, (Int64(n) * H64 + h64) * MAT + Int64(row0 * D), carry_ptr, cb0, c_base, tidx,
-                         has_initial, state_fp32)
+    def __init__(self, has_initial: bool, state_fp32: bool):
+        self.config = MergeConfig(has_initial, state_fp32)
 
-    # -------- the steps
-    n0w = warp * WARP_COLS  # first output column of this warp
-    a_off = (g * C_STRIDE + q) * 4  # A fragment (row g, col q) inside the carry buffer
-    # B fragment (k q, n n0w + 8 nt + g) inside an M buffer; rows k0 + q and k0 + q + 4 (k0 = 8 ks)
-    # share the swizzle term 8 q, so the offsets below only move by whole rows
-    bm_off = [(q * D + m_seg_column(q, n0w + 8 * nt) + g) * 4 for nt in range(WARP_COLS // 8)]
-    acc_off = (g * B_STRIDE + n0w + 2 * q) * 4  # C fragment (row g, cols 2q..) inside a B buffer
-    cw_off = (g * C_STRIDE + n0w + 2 * q) * 4  # same position inside a carry buffer
-    out_off = Int64((row0 + g) * D + n0w + 2 * q)  # same position inside a global carry matrix
-    for step in cutlass.range(nsteps, unroll=1):
-        buf = step & 1
-        c_rd = c_base + buf * CARRY_BYTES
-        c_wr = c_base + (buf ^ 1) * CARRY_BYTES
-        cute.arch.cp_async_wait_group(0)  # this thread's B chunks of this step landed
-        cute.arch.barrier()  # everyone's did; carry of step - 1 published; buffers buf ^ 1 free
-        if step + 1 < nsteps:
-            _issue_step(ctx, step + 1, buf ^ 1, warp, tidx)
+    def __str__(self):
+        """What the kernel's PTX symbol spells for this object (the DSL spells a kernel method's
+        symbol from its object)."""
+        cfg = self.config
+        return f"{type(self).__name__}_{int(cfg.has_initial)}_{int(cfg.state_fp32)}"
+
+    @cute.jit
+    def __call__(self, m_seg: cute.Pointer, b_seg: cute.Pointer, initial_state: cute.Pointer, carries: cute.Pointer,
+                 seg_first: cute.Pointer, seg_count: cute.Pointer, n_seq: Int32, n_heads: Int32,
+                 stream: cuda.CUstream):
+        """m_seg (columns swizzled, m_seg_column), b_seg, carries fp32 [n_seg, H, 128, 128]; initial_state
+        [n_seq, H, 128, 128] (V x K) in bf16 or fp32 (unused when has_initial=False); seg_first /
+        seg_count int32 [n_seq]. n_seq >= 1."""
+        self._launch(m_seg, b_seg, initial_state, carries, seg_first, seg_count, n_seq, n_heads, stream)
+
+    def _launch(self, m_seg, b_seg, init, carries, seg_first, seg_count, n_seq, n_heads, stream, state_index=None,
+                slot_stride=None, n_pool=None):
+        """The kernel's parameters are the same in both modes (its PTX .param list): without a pool,
+        a null index and zeros, never read (pooled is off)."""
+        table = cute.make_layout(n_seq)
+        self.kernel(m_seg.toint(), b_seg.toint(), init.toint(), carries.toint(), cute.make_tensor(seg_first, table),
+                    cute.make_tensor(seg_count, table), n_heads,
+                    Int64(0) if state_index is None else state_index.toint(),
+                    Int64(0) if slot_stride is None else slot_stride, Int32(0) if n_pool is None else n_pool).launch(
+            grid=(D // ROWS, n_seq, n_heads), block=(THREADS, 1, 1), stream=stream, use_pdl=True)
+
+    @cute.kernel
+    def kernel(self, m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int64, mFirst: cute.Tensor,
+               mCount: cute.Tensor, n_heads: Int32, idx_ptr: Int64, slot_stride: Int64, n_pool: Int32):
+        """CTA (rb, n, h): the barriers, step 0's copies, carry[first], then every step (module
+        docstring: pipeline)."""
+        rb, n, h = cute.arch.block_idx()
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        lane = cute.arch.lane_idx()
+        g = lane >> 2
+        q = lane & 3
+
+        # The shared-memory plan of the module docstring, allocated in order. The same plan as a
+        # cute.struct (one allocate of a SharedStorage) moves one add in the PTX, so it stays as calls.
+        smem = cutlass.memory.SmemAllocator()
+        s_m = smem.allocate(2 * M_BYTES, byte_alignment=128)
+        s_b = smem.allocate(2 * B_BYTES, byte_alignment=128)
+        s_c = smem.allocate(2 * CARRY_BYTES, byte_alignment=128)
+        full = smem.allocate_array(Int64, 2, byte_alignment=8)
+        m_base = s_m.toint()
+        b_base = s_b.toint()
+        c_base = s_c.toint()
+        if warp == 0:
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_init(full, 1)
+                cute.arch.mbarrier_init(full + 1, 1)
+                cute.arch.mbarrier_init_fence()
+        cute.arch.barrier()
+
+        await_previous_grid()  # pre_scan's m_seg / b_seg are complete and visible
+        first = mFirst[n]
+        count = mCount[n]
+        nsteps = count - 1  # <= 0: no step
+        h64 = Int64(h)
+        H64 = Int64(n_heads)
+        row0 = rb * ROWS  # first value row of this CTA
+        ctx = (m_ptr, b_ptr, m_base, b_base, full, h64, H64, first, row0)
+
+        if nsteps > 0:
+            _issue_step(ctx, Int32(0), Int32(0), warp, tidx)
         cute.arch.cp_async_commit_group()
-        cute.arch.mbarrier_wait(full + buf, (step >> 1) & 1)  # M of this step landed
-        mbuf = m_base + buf * M_BYTES
-        bbuf = b_base + buf * B_BYTES + acc_off
 
+        self.first_carry(init_ptr, carry_ptr, idx_ptr, slot_stride, n_pool, n, count, first, row0, h64, H64, c_base,
+                         tidx)
+
+        # -------- the steps
+        n0w = warp * WARP_COLS  # first output column of this warp
+        a_off = (g * C_STRIDE + q) * 4  # A fragment (row g, col q) inside the carry buffer
+        # B fragment (k q, n n0w + 8 nt + g) inside an M buffer; rows k0 + q and k0 + q + 4 (k0 = 8 ks)
+        # share the swizzle term 8 q, so the offsets below only move by whole rows
+        bm_off = [(q * D + m_seg_column(q, n0w + 8 * nt) + g) * 4 for nt in range(WARP_COLS // 8)]
+        acc_off = (g * B_STRIDE + n0w + 2 * q) * 4  # C fragment (row g, cols 2q..) inside a B buffer
+        cw_off = (g * C_STRIDE + n0w + 2 * q) * 4  # same position inside a carry buffer
+        out_off = Int64((row0 + g) * D + n0w + 2 * q)  # same position inside a global carry matrix
+        for step in cutlass.range(nsteps, unroll=1):
+            buf = step & 1
+            c_rd = c_base + buf * CARRY_BYTES
+            c_wr = c_base + (buf ^ 1) * CARRY_BYTES
+            cute.arch.cp_async_wait_group(0)  # this thread's B chunks of this step landed
+            cute.arch.barrier()  # everyone's did; carry of step - 1 published; buffers buf ^ 1 free
+            if step + 1 < nsteps:
+                _issue_step(ctx, step + 1, buf ^ 1, warp, tidx)
+            cute.arch.cp_async_commit_group()
+            cute.arch.mbarrier_wait(full + buf, (step >> 1) & 1)  # M of this step landed
+            acc = self.mma(m_base + buf * M_BYTES, b_base + buf * B_BYTES + acc_off, c_rd, a_off, bm_off)
+            self.epilogue(acc, carry_ptr + (_mat_base(first + step + 1, h64, H64) + out_off) * 4, c_wr, cw_off)
+
+    @cute.jit
+    def first_carry(self, init_ptr: Int64, carry_ptr: Int64, idx_ptr: Int64, slot_stride: Int64, n_pool: Int32,
+                    n: Int32, count: Int32, first: Int32, row0: Int32, h64: Int64, H64: Int64, c_base: Int32,
+                    tidx: Int32):
+        """carry[first] = widened initial state (or 0): global fp32 copy + tf32 A operand in smem."""
+        cfg = self.config
+        if count > 0:
+            cb0 = _mat_base(first, h64, H64) + Int64(row0 * D)
+            if cutlass.const_expr(cfg.pooled):
+                # state pool (docs/state_pool.md): sequence n starts from slot state_index[n]; no slot -> 0
+                slot = pool_slot(n, idx_ptr, n_pool, init_ptr)
+                if slot >= 0:
+                    _first_carry(init_ptr, Int64(slot) * slot_stride + h64 * MAT + Int64(row0 * D), carry_ptr, cb0,
+                                 c_base, tidx, True, cfg.state_fp32)
+                else:
+                    _first_carry(init_ptr, Int64(0), carry_ptr, cb0, c_base, tidx, False, cfg.state_fp32)
+            else:
+                _first_carry(init_ptr, (Int64(n) * H64 + h64) * MAT + Int64(row0 * D), carry_ptr, cb0, c_base, tidx,
+                             cfg.has_initial, cfg.state_fp32)
+
+    def mma(self, mbuf, bbuf, c_rd, a_off, bm_off):
+        """One step's 16 x 128 product of this warp's columns: the accumulator from B's rows, then
+        16 k-steps of m16n8k8 TF32 MMAs of the carry (A, tf32 in smem) and M (B, rounded on read)."""
         acc = []
-        for nt in cutlass.range_constexpr(WARP_COLS // 8):
+        for nt in range(WARP_COLS // 8):
             c0, c1 = lds_v2_f32(bbuf + nt * 32)
             c2, c3 = lds_v2_f32(bbuf + nt * 32 + 8 * B_STRIDE * 4)
             acc.append([c0, c1, c2, c3])
 
-        for ks in cutlass.range_constexpr(KSTEPS):
+        for ks in range(KSTEPS):
             ka = c_rd + a_off + ks * 32
             a = (lds_b32(ka), lds_b32(ka + 8 * C_STRIDE * 4), lds_b32(ka + 16), lds_b32(ka + 8 * C_STRIDE * 4 + 16))
-            for nt in cutlass.range_constexpr(WARP_COLS // 8):
+            for nt in range(WARP_COLS // 8):
                 kbm = mbuf + bm_off[nt] + ks * (8 * ROW_BYTES)
                 bfrag = (to_tf32(lds_f32(kbm)), to_tf32(lds_f32(kbm + 4 * ROW_BYTES)))
                 acc[nt] = mma_tf32_1688(a, bfrag, acc[nt])
+        return acc
 
-        # -------- epilogue: carry[first + step + 1] to global (fp32) and as the next A operand (tf32)
-        gout = carry_ptr + (_mat_base(first + step + 1, h64, H64) + out_off) * 4
-        for nt in cutlass.range_constexpr(WARP_COLS // 8):
+    def epilogue(self, acc, gout, c_wr, cw_off):
+        """carry[first + step + 1] to global (fp32) and as the next step's A operand (tf32)."""
+        for nt in range(WARP_COLS // 8):
             v = acc[nt]
             stg_v2_f32(gout + nt * 32, v[0], v[1])
             stg_v2_f32(gout + nt * 32 + 8 * D * 4, v[2], v[3])
@@ -227,30 +285,22 @@ def _cp_merge_kernel(m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int
             sts_v2_b32(c_wr + cw_off + nt * 32 + 8 * C_STRIDE * 4, to_tf32(v[2]), to_tf32(v[3]))
 
 
-@cute.jit
-def cp_merge(m_seg: cute.Pointer, b_seg: cute.Pointer, initial_state: cute.Pointer, carries: cute.Pointer,
-             seg_first: cute.Pointer, seg_count: cute.Pointer, n_seq: Int32, n_heads: Int32,
-             stream: cuda.CUstream, has_initial: cutlass.Constexpr[bool], state_fp32: cutlass.Constexpr[bool]):
-    """m_seg (columns swizzled, m_seg_column), b_seg, carries fp32 [n_seg, H, 128, 128]; initial_state
-    [n_seq, H, 128, 128] (V x K) in bf16 or fp32 (unused when has_initial=False); seg_first /
-    seg_count int32 [n_seq]. n_seq >= 1."""
-    table = cute.make_layout(n_seq)
-    _cp_merge_kernel(m_seg.toint(), b_seg.toint(), initial_state.toint(), carries.toint(),
-                     cute.make_tensor(seg_first, table), cute.make_tensor(seg_count, table), n_heads,
-                     Int64(0), Int64(0), Int32(0), has_initial, state_fp32, False).launch(
-        grid=(D // ROWS, n_seq, n_heads), block=(THREADS, 1, 1), stream=stream, use_pdl=True)
+class CpMergePool(CpMerge):
+    """cp_merge whose initial states are slots of a state pool (registry entry cp_merge_pool)."""
+
+    def __init__(self, state_fp32: bool):
+        self.config = MergeConfig(True, state_fp32, pooled=True)
+
+    @cute.jit
+    def __call__(self, m_seg: cute.Pointer, b_seg: cute.Pointer, state_pool: cute.Pointer, carries: cute.Pointer,
+                 seg_first: cute.Pointer, seg_count: cute.Pointer, state_index: cute.Pointer, slot_stride: Int64,
+                 n_pool: Int32, n_seq: Int32, n_heads: Int32, stream: cuda.CUstream):
+        """The state pool is [n_pool, H, 128, 128] (slot stride `slot_stride` elements, bf16 or fp32):
+        sequence n starts from slot state_index[n]; a slot outside [0, n_pool) starts from 0
+        (docs/state_pool.md)."""
+        self._launch(m_seg, b_seg, state_pool, carries, seg_first, seg_count, n_seq, n_heads, stream,
+                     state_index=state_index, slot_stride=slot_stride, n_pool=n_pool)
 
 
-@cute.jit
-def cp_merge_pool(m_seg: cute.Pointer, b_seg: cute.Pointer, state_pool: cute.Pointer, carries: cute.Pointer,
-                  seg_first: cute.Pointer, seg_count: cute.Pointer, state_index: cute.Pointer, slot_stride: Int64,
-                  n_pool: Int32, n_seq: Int32, n_heads: Int32, stream: cuda.CUstream,
-                  state_fp32: cutlass.Constexpr[bool]):
-    """cp_merge whose initial states are slots of a state pool [n_pool, H, 128, 128] (slot stride
-    `slot_stride` elements, bf16 or fp32): sequence n starts from slot state_index[n]; a slot outside
-    [0, n_pool) starts from 0 (docs/state_pool.md)."""
-    table = cute.make_layout(n_seq)
-    _cp_merge_kernel(m_seg.toint(), b_seg.toint(), state_pool.toint(), carries.toint(),
-                     cute.make_tensor(seg_first, table), cute.make_tensor(seg_count, table), n_heads,
-                     state_index.toint(), slot_stride, n_pool, True, state_fp32, True).launch(
-        grid=(D // ROWS, n_seq, n_heads), block=(THREADS, 1, 1), stream=stream, use_pdl=True)
+# The registry's entry names (the manifest's): the classes whose __call__ is that host entry (compile.py).
+cp_merge, cp_merge_pool = CpMerge, CpMergePool

@@ -38,7 +38,8 @@ column tile_ops.m_seg_column(i, k) = k ^ 8 (i & 3) of row i: the merge loads a w
 bulk copy and reads it conflict-free without row padding (docs/kernel_abi.md).
 
 Thread roles (as K2): warps 0..W-1 MMA warps (W = mma_warps(VB), NW = VB / W value columns / X rows
-each), warp W producer (elected lanes arm the stage and issue the bulk copies, 3 elect regions).
+each; CpPreScan.mma), warp W producer (CpPreScan.load: elected lanes arm the stage and issue the bulk
+copies, 3 elect regions).
 
 Shared memory (bytes):
   S^T         VB * 256 (bf16, K2's warp-region core-matrix layout)
@@ -54,14 +55,18 @@ between Q1's ldmatrix of S^T / Xb^T and Q5's writes of them, docs/sanitizers.md)
 producer issues is consumed, so no copy is in flight at exit.
 """
 
+import dataclasses
+from typing import Any, NamedTuple
+
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
+from .. import abi_constants as ABI_CONSTANTS
 from .ptx_ops import (fma_rn, ldg_b32, lds_b32, lds_bf16_f32, lds_f32, ldsm_x4, ldsm_x4_t, mma_bf16_16816,
                       pack_bf16x2, select_b32, stg_f32, stg_f32_pair_from_bf16, sts_b32, unpack_bf16x2)
-from .recurrence_common import (BSIG_BYTES, GT_BYTES, SQ_BYTES, STAGES, TILE_BYTES, alloc_ring,
+from .recurrence_common import (BSIG_BYTES, GT_BYTES, SQ_BYTES, STAGES, TILE_BYTES, SequenceTiles, alloc_ring,
                                 init_ring, mma_split, mma_warps, produce_tiles, solve_u_fragment,
                                 solve_u_fragment_accurate, state_f32_step, state_words_step, v_stride)
 from .tile_ops import CHUNK, D, await_previous_grid, m_seg_column
@@ -79,236 +84,339 @@ def stage_bytes(vb: int) -> int:
     return (OFF_V + CHUNK * v_stride(vb) + 127) // 128 * 128
 
 
-@cute.kernel
-def _pre_scan_kernel(v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, inv_ptr: Int64, bsig_ptr: Int64,
-                     start_ptr: Int64, prefix_ptr: Int64, scan_ptr: Int64, bseg_ptr: Int64, mseg_ptr: Int64,
-                     n_heads: Int32, cap: Int32, v_st: Int64, v_sh: Int64, value_block: cutlass.Constexpr[int],
-                     accurate: cutlass.Constexpr[bool]):
-    VB = value_block
-    MMA_WARPS = mma_warps(VB)
-    LOAD_WARP = MMA_WARPS
-    NW = VB // MMA_WARPS  # value columns (S) / X rows per MMA warp
-    NB = NW // 8
-    VSTR = v_stride(VB)
-    SB = stage_bytes(VB)
+@dataclasses.dataclass(frozen=True)
+class PreScanConfig:
+    """The static configuration of one pre_scan kernel: value block and numerics recipe."""
 
-    x, h, vblk = cute.arch.block_idx()
-    await_previous_grid()
-    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-    lane = cute.arch.lane_idx()
+    value_block: int
+    accurate: bool = False  # numerics="accurate" (docs/numerics.md): B_j from K2's accurate chain in fp32
 
-    smem = cutlass.memory.SmemAllocator()
-    full, empty, buf_addr = alloc_ring(smem, SB)
-    sstate = smem.allocate(VB * D * 2, byte_alignment=128)
-    smirror = smem.allocate(VB * D * 2, byte_alignment=128)
+    def __post_init__(self):
+        assert self.value_block in ABI_CONSTANTS.VALUE_BLOCKS, self.value_block
 
-    j = ldg_b32(scan_ptr + Int64(x) * 4)
-    # scan_seg may end in -1 entries (the device-built tables pad it up to the grid the runtime
-    # sizes by a host-known bound): such a CTA does nothing. The condition is uniform over the
-    # CTA, so the ring's barriers (set up inside the branch) serve all of its threads or none.
-    if j >= 0:
-        init_ring(warp, full, empty, 32 * MMA_WARPS)
+    @property
+    def mma_warps(self) -> int:
+        """K2's MMA warps (recurrence_common.mma_warps): warp w owns K2's value columns."""
+        return mma_warps(self.value_block)
 
-        tok0 = ldg_b32(start_ptr + Int64(j) * 4)
-        tok_end = ldg_b32(start_ptr + Int64(j + 1) * 4)
-        tile0 = ldg_b32(prefix_ptr + Int64(j) * 4)
-        ntiles = ldg_b32(prefix_ptr + Int64(j + 1) * 4) - tile0
-        h64 = Int64(h)
-        H64 = Int64(n_heads)
+    @property
+    def nw(self) -> int:
+        """Value columns (S) / X rows per MMA warp."""
+        return self.value_block // self.mma_warps
 
-        if warp == LOAD_WARP:
-            # ---------------------------------------------------------------- producer
-            produce_tiles(full, empty, buf_addr, ntiles, tok0, tok_end, h64 * Int64(cap) + Int64(tile0),
-                          v_ptr + h64 * v_sh * 2 + Int64(vblk * (VB * 2)), v_st * 2,
-                          ((OFF_KD, kd_ptr), (OFF_KR, kr_ptr)),
-                          ((OFF_GT, gt_ptr, GT_BYTES), (OFF_INV, inv_ptr, SQ_BYTES), (OFF_BSIG, bsig_ptr, BSIG_BYTES)),
-                          SB, OFF_V, VSTR, FIXED_TX, VB * 2)
-        else:
-            # ---------------------------------------------------------------- MMA warps
-            w = warp
-            g = lane >> 2
-            q = lane & 3
-            j4 = lane >> 3
-            i8 = lane & 7
-            region = sstate.toint() + w * (NW * D * 2)
-            mregion = smirror.toint() + w * (NW * D * 2)
-            col0 = vblk * VB + w * NW  # first global value column (S) / X row (M) of this warp
-            out_base = (Int64(j) * H64 + h64) * Int64(D * D)  # element index of b_seg/m_seg[j, h, 0, 0]
+    @property
+    def threads(self) -> int:
+        """The MMA warps, then the producer warp."""
+        return 32 * (self.mma_warps + 1)
 
-            off_a = lane * 16
-            if cutlass.const_expr(NB >= 2):
-                off_sb = 128 * ((j4 >> 1) + NB * (j4 & 1)) + 16 * i8
+
+class PreScanParams(NamedTuple):
+    """The kernel's parameters, in the order of its PTX .param list (device pointers as Int64)."""
+
+    v_ptr: Any
+    kd_ptr: Any
+    kr_ptr: Any
+    gt_ptr: Any
+    inv_ptr: Any
+    bsig_ptr: Any
+    start_ptr: Any
+    prefix_ptr: Any
+    scan_ptr: Any
+    bseg_ptr: Any
+    mseg_ptr: Any
+    n_heads: Any
+    cap: Any
+    v_st: Any
+    v_sh: Any
+
+
+class CpPreScan:
+    """CP pre_scan of one static configuration (PreScanConfig); registry entry cp_pre_scan."""
+
+    def __init__(self, value_block: int, accurate: bool = False):
+        self.config = PreScanConfig(value_block, accurate)
+
+    def __str__(self):
+        """What the kernel's PTX symbol spells for this object (the DSL spells a kernel method's
+        symbol from its object)."""
+        return f"CpPreScan_vb{self.config.value_block}{'_acc' if self.config.accurate else ''}"
+
+    @cute.jit
+    def __call__(self, v: cute.Pointer, ws_kd: cute.Pointer, ws_kr: cute.Pointer, ws_gt: cute.Pointer,
+                 ws_inv: cute.Pointer, ws_bsig: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer,
+                 scan_seg: cute.Pointer, b_seg: cute.Pointer, m_seg: cute.Pointer, n_scan: Int32, n_heads: Int32,
+                 cap: Int32, v_stride_t: Int64, v_stride_h: Int64, stream: cuda.CUstream):
+        """pre_scan host entry: v [T_total, H, 128] bf16 read in place at token / head strides
+        v_stride_t / v_stride_h (elements; 16-byte aligned rows), workspace regions kd/kr/gt/inv/bsig
+        (docs/kernel_abi.md) written by K1 with the SEGMENT tables seq_start/tile_prefix [n_seg + 1],
+        scan_seg int32 [n_scan] (segments to process, never a sequence's last), outputs b_seg/m_seg fp32
+        [n_seg, H, 128, 128] (only the scanned segments' blocks are written)."""
+        self.kernel(v.toint(), ws_kd.toint(), ws_kr.toint(), ws_gt.toint(), ws_inv.toint(), ws_bsig.toint(),
+                    seq_start.toint(), tile_prefix.toint(), scan_seg.toint(), b_seg.toint(), m_seg.toint(),
+                    n_heads, cap, v_stride_t, v_stride_h).launch(
+            grid=(n_scan, n_heads, D // self.config.value_block), block=(self.config.threads, 1, 1), stream=stream,
+            use_pdl=True)
+
+    @cute.kernel
+    def kernel(self, v_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64, inv_ptr: Int64, bsig_ptr: Int64,
+               start_ptr: Int64, prefix_ptr: Int64, scan_ptr: Int64, bseg_ptr: Int64, mseg_ptr: Int64,
+               n_heads: Int32, cap: Int32, v_st: Int64, v_sh: Int64):
+        """The CTA (x, h, vblk) on segment j = scan_seg[x]: its ring and the two state buffers, then
+        the roles: the producer warp (load) and the MMA warps (mma)."""
+        cfg = self.config
+        p = PreScanParams(v_ptr, kd_ptr, kr_ptr, gt_ptr, inv_ptr, bsig_ptr, start_ptr, prefix_ptr, scan_ptr,
+                          bseg_ptr, mseg_ptr, n_heads, cap, v_st, v_sh)
+        VB = cfg.value_block
+        LOAD_WARP = cfg.mma_warps
+
+        x, h, vblk = cute.arch.block_idx()
+        await_previous_grid()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        lane = cute.arch.lane_idx()
+
+        smem = cutlass.memory.SmemAllocator()
+        full, empty, buf_addr = alloc_ring(smem, stage_bytes(VB))
+        sstate = smem.allocate(VB * D * 2, byte_alignment=128)
+        smirror = smem.allocate(VB * D * 2, byte_alignment=128)
+
+        j = ldg_b32(scan_ptr + Int64(x) * 4)
+        # scan_seg may end in -1 entries (the device-built tables pad it up to the grid the runtime
+        # sizes by a host-known bound): such a CTA does nothing. The condition is uniform over the
+        # CTA, so the ring's barriers (set up inside the branch) serve all of its threads or none.
+        if j >= 0:
+            init_ring(warp, full, empty, 32 * cfg.mma_warps)
+
+            tok0 = ldg_b32(start_ptr + Int64(j) * 4)
+            tok_end = ldg_b32(start_ptr + Int64(j + 1) * 4)
+            tile0 = ldg_b32(prefix_ptr + Int64(j) * 4)
+            seq = SequenceTiles(tok0, tok_end, tile0, ldg_b32(prefix_ptr + Int64(j + 1) * 4) - tile0)
+            h64 = Int64(h)
+            H64 = Int64(n_heads)
+
+            if warp == LOAD_WARP:
+                self.load(p, seq, h64, vblk, full, empty, buf_addr)
             else:
-                off_sb = 16 * lane
-            off_kr = 256 * (j4 & 1) + 128 * (j4 >> 1) + 16 * i8
-            off_sq = 32 * (8 * (j4 & 1) + i8) + 16 * (j4 >> 1)
+                self.mma(p, seq, warp, lane, j, h64, H64, vblk, full, empty, buf_addr, sstate, smirror)
 
-            # -------- entry: S^T = 0, mirror Xb^T = I (X^T[k, i] = [k == col0 + i], exact in bf16)
-            for jj in cutlass.range_constexpr(D // 32):
+    @cute.jit
+    def load(self, p: PreScanParams, seq: SequenceTiles, h64: Int64, vblk: Int32, full: cute.Pointer,
+             empty: cute.Pointer, buf_addr: Int32):
+        """The producer warp: every tile of the segment into the ring, pre_scan's stage layout."""
+        VB = self.config.value_block
+        produce_tiles(full, empty, buf_addr, seq.ntiles, seq.tok0, seq.tok_end, h64 * Int64(p.cap) + Int64(seq.tile0),
+                      p.v_ptr + h64 * p.v_sh * 2 + Int64(vblk * (VB * 2)), p.v_st * 2,
+                      ((OFF_KD, p.kd_ptr), (OFF_KR, p.kr_ptr)),
+                      ((OFF_GT, p.gt_ptr, GT_BYTES), (OFF_INV, p.inv_ptr, SQ_BYTES), (OFF_BSIG, p.bsig_ptr, BSIG_BYTES)),
+                      stage_bytes(VB), OFF_V, v_stride(VB), FIXED_TX, VB * 2)
+
+    @cute.jit
+    def mma(self, p: PreScanParams, seq: SequenceTiles, warp: Int32, lane: Int32, j: Int32, h64: Int64, H64: Int64,
+            vblk: Int32, full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, sstate: cute.Pointer,
+            smirror: cute.Pointer):
+        """The MMA warps: both chains from their entry (S = 0, X = I), every tile's Q1, Q2 + Q3 and
+        Q5 of both, then b_seg and m_seg of this warp's columns / rows."""
+        cfg = self.config
+        VB = cfg.value_block
+        NW = cfg.nw
+        NB = NW // 8
+        SB = stage_bytes(VB)
+        w = warp
+        g = lane >> 2
+        q = lane & 3
+        j4 = lane >> 3
+        i8 = lane & 7
+        region = sstate.toint() + w * (NW * D * 2)
+        mregion = smirror.toint() + w * (NW * D * 2)
+        col0 = vblk * VB + w * NW  # first global value column (S) / X row (M) of this warp
+        out_base = (Int64(j) * H64 + h64) * Int64(D * D)  # element index of b_seg/m_seg[j, h, 0, 0]
+
+        off_a = lane * 16
+        if cutlass.const_expr(NB >= 2):
+            off_sb = 128 * ((j4 >> 1) + NB * (j4 & 1)) + 16 * i8
+        else:
+            off_sb = 16 * lane
+        off_kr = 256 * (j4 & 1) + 128 * (j4 >> 1) + 16 * i8
+        off_sq = 32 * (8 * (j4 & 1) + i8) + 16 * (j4 >> 1)
+
+        xr = self.entry(region, mregion, lane, col0)
+
+        zero = Float32(0.0)
+        # The S-chain's words at this lane's Q5 positions, kept in registers across tiles exactly as
+        # K2 keeps them (S starts at 0): Q5 reads the old state here, shared memory only feeds Q1.
+        st_words = [Int32(0) for _ in range(2 * (D // 16) * NB)]
+        st = None
+        if cutlass.const_expr(cfg.accurate):
+            # numerics="accurate": K2's accurate chain, the S-chain's fp32 master state from 0
+            st = cute.make_rmem_tensor(32 * NB, Float32)
+            for e in cutlass.range_constexpr(32 * NB):
+                st[e] = zero
+        for i in cutlass.range(seq.ntiles, unroll=1):
+            s = i % STAGES
+            cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
+            sb = buf_addr + s * SB
+            start, m = seq.tile(i)
+
+            acc_u, acc_x = self.q1(sb, region, mregion, off_a, off_sb, zero)
+            # Q1's ldmatrix read other lanes' S^T / Xb^T words that Q5 overwrites (WAR in the warp)
+            cute.arch.sync_warp()
+            u_frag, x_frag = self.q2_q3(sb, off_sq, g, q, w, m, acc_u, acc_x, zero)
+            st_words = self.q5(sb, region, mregion, lane, off_kr, g, u_frag, x_frag, st, st_words, xr, zero)
+
+            cute.arch.sync_warp()
+            cute.arch.mbarrier_arrive(empty + s)  # every thread releases its own stage reads
+
+        self.store(p, region, lane, col0, g, q, out_base, st, xr)
+
+    def entry(self, region, mregion, lane, col0):
+        """Entry: S^T = 0, mirror Xb^T = I (X^T[k, i] = [k == col0 + i], exact in bf16), a __syncwarp,
+        and the canonical X^T (fp32, returned) in registers at the Q5 C-fragment positions: element
+        4 (nb + NB mb) + c is X^T[16 mb + g + 8 (c >> 1), col0 + 8 nb + 2 q + (c & 1)], initialised
+        from the exact mirror."""
+        NW = self.config.nw
+        NB = NW // 8
+        for jj in range(D // 32):
+            k = lane + 32 * jj
+            koff = 128 * NB * (k >> 3) + 16 * (k & 7)
+            for p in range(NW // 2):
+                woff = koff + 128 * (p // 4) + 4 * (p % 4)
+                sts_b32(region + woff, Int32(0))
+                c = col0 + 2 * p
+                word = (select_b32(Int32(k == c), Int32(BF16_ONE), Int32(0))
+                        + select_b32(Int32(k == c + 1), Int32(BF16_ONE << 16), Int32(0)))
+                sts_b32(mregion + woff, word)
+        cute.arch.sync_warp()
+
+        xr = cute.make_rmem_tensor(32 * NB, Float32)
+        for mb in range(D // 16):
+            for nb in range(NB):
+                e = 4 * (nb + NB * mb)
+                w_a0 = mregion + 128 * (nb + NB * (2 * mb)) + 4 * lane
+                xr[e], xr[e + 1] = unpack_bf16x2(lds_b32(w_a0))
+                xr[e + 2], xr[e + 3] = unpack_bf16x2(lds_b32(w_a0 + 128 * NB))
+        return xr
+
+    def q1(self, sb, region, mregion, off_a, off_sb, zero):
+        """Q1: u = Kd S^T (S-chain), u_X = Kd Xb^T (M-chain), shared A fragments."""
+        NB = self.config.nw // 8
+        acc_u = [[zero, zero, zero, zero] for _ in range(NB)]
+        acc_x = [[zero, zero, zero, zero] for _ in range(NB)]
+        bq = [None, None, None, None]
+        bx = [None, None, None, None]
+        for kb in range(D // 16):
+            a_k = ldsm_x4(sb + OFF_KD + 512 * kb + off_a)
+            if NB >= 2:
+                for p in range(NB // 2):
+                    bq = ldsm_x4_t(region + 128 * (2 * p + 2 * NB * kb) + off_sb)
+                    bx = ldsm_x4_t(mregion + 128 * (2 * p + 2 * NB * kb) + off_sb)
+                    for t in range(2):
+                        acc_u[2 * p + t] = list(mma_bf16_16816(a_k, (bq[2 * t], bq[2 * t + 1]), acc_u[2 * p + t]))
+                        acc_x[2 * p + t] = list(mma_bf16_16816(a_k, (bx[2 * t], bx[2 * t + 1]), acc_x[2 * p + t]))
+            else:
+                if kb % 2 == 0:
+                    bq = ldsm_x4_t(region + 256 * kb + off_sb)
+                    bx = ldsm_x4_t(mregion + 256 * kb + off_sb)
+                t = kb % 2
+                acc_u[0] = list(mma_bf16_16816(a_k, (bq[2 * t], bq[2 * t + 1]), acc_u[0]))
+                acc_x[0] = list(mma_bf16_16816(a_k, (bx[2 * t], bx[2 * t + 1]), acc_x[0]))
+        return acc_u, acc_x
+
+    def q2_q3(self, sb, off_sq, g, q, w, m, acc_u, acc_x, zero):
+        """Q2, Q3 per n-block: the S-chain exactly as K2, the M-chain with v = 0; returns both chains'
+        U fragments (numerics="accurate": both with K2's accurate Q2 + Q3, r as hi + lo, U rounded
+        once)."""
+        NW = self.config.nw
+        VSTR = v_stride(self.config.value_block)
+        a_inv = ldsm_x4(sb + OFF_INV + off_sq)
+        bs0 = lds_bf16_f32(sb + OFF_BSIG + 2 * g)
+        bs1 = lds_bf16_f32(sb + OFF_BSIG + 2 * (g + 8))
+        ok0 = Int32(g < m)
+        ok1 = Int32(g + 8 < m)
+        v_a0 = sb + OFF_V + g * VSTR + (w * NW + 2 * q) * 2
+        u_frag = []
+        x_frag = []
+        solve = solve_u_fragment_accurate if self.config.accurate else solve_u_fragment
+        for nb in range(NW // 8):
+            u_frag.append(solve(
+                acc_u[nb], lambda: (select_b32(ok0, lds_b32(v_a0 + 16 * nb), Int32(0)),
+                                    select_b32(ok1, lds_b32(v_a0 + 8 * VSTR + 16 * nb), Int32(0))),
+                bs0, bs1, a_inv, zero))
+            x_frag.append(solve(acc_x[nb], None, bs0, bs1, a_inv, zero))
+        return u_frag, x_frag
+
+    def q5(self, sb, region, mregion, lane, off_kr, g, u_frag, x_frag, st, st_words, xr, zero):
+        """Q5: S^T = bf(fma(S^T, gamma, Kr^T U)); X^T = fma(X^T, gamma, Kr^T U_X) in fp32, its mirror
+        re-rounded. Returns the S-chain's words."""
+        accurate = self.config.accurate
+        NB = self.config.nw // 8
+        for mb in range(D // 16):
+            a_kr = ldsm_x4_t(sb + OFF_KR + 512 * mb + off_kr)
+            gam0 = lds_f32(sb + OFF_GT + 4 * (16 * mb + g))
+            gam1 = lds_f32(sb + OFF_GT + 4 * (16 * mb + 8 + g))
+            for nb in range(NB):
+                w_a0 = region + 128 * (nb + NB * (2 * mb)) + 4 * lane
+                w_a1 = w_a0 + 128 * NB
+                if accurate:
+                    ds = mma_split(a_kr, u_frag[nb], zero)
+                    wa, wb = state_f32_step(st, 4 * (nb + NB * mb), gam0, gam1, ds)
+                    sts_b32(w_a0, wa)
+                    sts_b32(w_a1, wb)
+                    dx = mma_split(a_kr, x_frag[nb], zero)
+                else:
+                    ds = mma_bf16_16816(a_kr, u_frag[nb], (zero, zero, zero, zero))
+                    iw = 2 * (mb * NB + nb)
+                    st_words[iw], st_words[iw + 1] = state_words_step(st_words[iw], st_words[iw + 1], gam0, gam1, ds)
+                    sts_b32(w_a0, st_words[iw])
+                    sts_b32(w_a1, st_words[iw + 1])
+                    dx = mma_bf16_16816(a_kr, x_frag[nb], (zero, zero, zero, zero))
+
+                e = 4 * (nb + NB * mb)
+                n0 = fma_rn(xr[e], gam0, dx[0])
+                n1 = fma_rn(xr[e + 1], gam0, dx[1])
+                n2 = fma_rn(xr[e + 2], gam1, dx[2])
+                n3 = fma_rn(xr[e + 3], gam1, dx[3])
+                xr[e] = n0
+                xr[e + 1] = n1
+                xr[e + 2] = n2
+                xr[e + 3] = n3
+                m_a0 = mregion + 128 * (nb + NB * (2 * mb)) + 4 * lane
+                sts_b32(m_a0, pack_bf16x2(n0, n1))
+                sts_b32(m_a0 + 128 * NB, pack_bf16x2(n2, n3))
+        return st_words
+
+    def store(self, p: PreScanParams, region, lane, col0, g, q, out_base, st, xr):
+        """Exit: b_seg[j, h, v, k] = f32(S^T[k, v]) (exact; accurate: the fp32 master state, K2's
+        fragment positions), m_seg[j, h, i, k] = X^T[k, i] (fp32, column k swizzled)."""
+        NW = self.config.nw
+        NB = NW // 8
+        if self.config.accurate:
+            for mb in range(D // 16):
+                for nb in range(NB):
+                    e = 4 * (nb + NB * mb)
+                    a = out_base + Int64(col0 + 8 * nb + 2 * q) * D + Int64(16 * mb + g)
+                    for c in range(4):
+                        stg_f32(p.bseg_ptr + (a + Int64(D * (c & 1) + 8 * (c >> 1))) * 4, st[e + c])
+        else:
+            for jj in range(D // 32):
                 k = lane + 32 * jj
                 koff = 128 * NB * (k >> 3) + 16 * (k & 7)
-                for p in cutlass.range_constexpr(NW // 2):
-                    woff = koff + 128 * (p // 4) + 4 * (p % 4)
-                    sts_b32(region + woff, Int32(0))
-                    c = col0 + 2 * p
-                    word = (select_b32(Int32(k == c), Int32(BF16_ONE), Int32(0))
-                            + select_b32(Int32(k == c + 1), Int32(BF16_ONE << 16), Int32(0)))
-                    sts_b32(mregion + woff, word)
-            cute.arch.sync_warp()
-
-            # canonical X^T (fp32) in registers at the Q5 C-fragment positions: element 4 (nb + NB mb) + c is
-            # X^T[16 mb + g + 8 (c >> 1), col0 + 8 nb + 2 q + (c & 1)]; initialised from the exact mirror
-            xr = cute.make_rmem_tensor(32 * NB, Float32)
-            for mb in cutlass.range_constexpr(D // 16):
-                for nb in cutlass.range_constexpr(NB):
-                    e = 4 * (nb + NB * mb)
-                    w_a0 = mregion + 128 * (nb + NB * (2 * mb)) + 4 * lane
-                    xr[e], xr[e + 1] = unpack_bf16x2(lds_b32(w_a0))
-                    xr[e + 2], xr[e + 3] = unpack_bf16x2(lds_b32(w_a0 + 128 * NB))
-
-            zero = Float32(0.0)
-            # The S-chain's words at this lane's Q5 positions, kept in registers across tiles exactly as
-            # K2 keeps them (S starts at 0): Q5 reads the old state here, shared memory only feeds Q1.
-            st_words = [Int32(0) for _ in range(2 * (D // 16) * NB)]
-            if cutlass.const_expr(accurate):
-                # numerics="accurate": K2's accurate chain, the S-chain's fp32 master state from 0
-                st = cute.make_rmem_tensor(32 * NB, Float32)
-                for e in cutlass.range_constexpr(32 * NB):
-                    st[e] = zero
-            for i in cutlass.range(ntiles, unroll=1):
-                s = i % STAGES
-                cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
-                sb = buf_addr + s * SB
-                start = tok0 + i * CHUNK
-                m = cutlass.min(tok_end - start, CHUNK)
-
-                # -------- Q1: u = Kd S^T (S-chain), u_X = Kd Xb^T (M-chain), shared A fragments
-                acc_u = [[zero, zero, zero, zero] for _ in range(NB)]
-                acc_x = [[zero, zero, zero, zero] for _ in range(NB)]
-                bq = [None, None, None, None]
-                bx = [None, None, None, None]
-                for kb in cutlass.range_constexpr(D // 16):
-                    a_k = ldsm_x4(sb + OFF_KD + 512 * kb + off_a)
-                    if cutlass.const_expr(NB >= 2):
-                        for p in cutlass.range_constexpr(NB // 2):
-                            bq = ldsm_x4_t(region + 128 * (2 * p + 2 * NB * kb) + off_sb)
-                            bx = ldsm_x4_t(mregion + 128 * (2 * p + 2 * NB * kb) + off_sb)
-                            for t in cutlass.range_constexpr(2):
-                                acc_u[2 * p + t] = list(mma_bf16_16816(a_k, (bq[2 * t], bq[2 * t + 1]), acc_u[2 * p + t]))
-                                acc_x[2 * p + t] = list(mma_bf16_16816(a_k, (bx[2 * t], bx[2 * t + 1]), acc_x[2 * p + t]))
-                    else:
-                        if cutlass.const_expr(kb % 2 == 0):
-                            bq = ldsm_x4_t(region + 256 * kb + off_sb)
-                            bx = ldsm_x4_t(mregion + 256 * kb + off_sb)
-                        t = kb % 2
-                        acc_u[0] = list(mma_bf16_16816(a_k, (bq[2 * t], bq[2 * t + 1]), acc_u[0]))
-                        acc_x[0] = list(mma_bf16_16816(a_k, (bx[2 * t], bx[2 * t + 1]), acc_x[0]))
-                # Q1's ldmatrix read other lanes' S^T / Xb^T words that Q5 overwrites (WAR in the warp)
-                cute.arch.sync_warp()
-
-                # -------- Q2, Q3 per n-block (S-chain exactly as K2; M-chain with v = 0)
-                a_inv = ldsm_x4(sb + OFF_INV + off_sq)
-                bs0 = lds_bf16_f32(sb + OFF_BSIG + 2 * g)
-                bs1 = lds_bf16_f32(sb + OFF_BSIG + 2 * (g + 8))
-                ok0 = Int32(g < m)
-                ok1 = Int32(g + 8 < m)
-                v_a0 = sb + OFF_V + g * VSTR + (w * NW + 2 * q) * 2
-                u_frag = []
-                x_frag = []
-                # (numerics="accurate": both chains with K2's accurate Q2 + Q3, r as hi + lo, U rounded once)
-                solve = solve_u_fragment_accurate if accurate else solve_u_fragment
-                for nb in cutlass.range_constexpr(NB):
-                    u_frag.append(solve(
-                        acc_u[nb], lambda: (select_b32(ok0, lds_b32(v_a0 + 16 * nb), Int32(0)),
-                                            select_b32(ok1, lds_b32(v_a0 + 8 * VSTR + 16 * nb), Int32(0))),
-                        bs0, bs1, a_inv, zero))
-                    x_frag.append(solve(acc_x[nb], None, bs0, bs1, a_inv, zero))
-
-                # -------- Q5: S^T = bf(fma(S^T, gamma, Kr^T U)); X^T = fma(X^T, gamma, Kr^T U_X) in fp32
-                for mb in cutlass.range_constexpr(D // 16):
-                    a_kr = ldsm_x4_t(sb + OFF_KR + 512 * mb + off_kr)
-                    gam0 = lds_f32(sb + OFF_GT + 4 * (16 * mb + g))
-                    gam1 = lds_f32(sb + OFF_GT + 4 * (16 * mb + 8 + g))
-                    for nb in cutlass.range_constexpr(NB):
-                        w_a0 = region + 128 * (nb + NB * (2 * mb)) + 4 * lane
-                        w_a1 = w_a0 + 128 * NB
-                        if cutlass.const_expr(accurate):
-                            ds = mma_split(a_kr, u_frag[nb], zero)
-                            wa, wb = state_f32_step(st, 4 * (nb + NB * mb), gam0, gam1, ds)
-                            sts_b32(w_a0, wa)
-                            sts_b32(w_a1, wb)
-                            dx = mma_split(a_kr, x_frag[nb], zero)
-                        else:
-                            ds = mma_bf16_16816(a_kr, u_frag[nb], (zero, zero, zero, zero))
-                            iw = 2 * (mb * NB + nb)
-                            st_words[iw], st_words[iw + 1] = state_words_step(st_words[iw], st_words[iw + 1],
-                                                                              gam0, gam1, ds)
-                            sts_b32(w_a0, st_words[iw])
-                            sts_b32(w_a1, st_words[iw + 1])
-                            dx = mma_bf16_16816(a_kr, x_frag[nb], (zero, zero, zero, zero))
-
-                        e = 4 * (nb + NB * mb)
-                        n0 = fma_rn(xr[e], gam0, dx[0])
-                        n1 = fma_rn(xr[e + 1], gam0, dx[1])
-                        n2 = fma_rn(xr[e + 2], gam1, dx[2])
-                        n3 = fma_rn(xr[e + 3], gam1, dx[3])
-                        xr[e] = n0
-                        xr[e + 1] = n1
-                        xr[e + 2] = n2
-                        xr[e + 3] = n3
-                        m_a0 = mregion + 128 * (nb + NB * (2 * mb)) + 4 * lane
-                        sts_b32(m_a0, pack_bf16x2(n0, n1))
-                        sts_b32(m_a0 + 128 * NB, pack_bf16x2(n2, n3))
-
-                cute.arch.sync_warp()
-                cute.arch.mbarrier_arrive(empty + s)  # every thread releases its own stage reads
-
-            # -------- exit: b_seg[j, h, v, k] = f32(S^T[k, v]) (exact), m_seg[j, h, i, k] = X^T[k, i] (fp32,
-            # column k swizzled)
-            if cutlass.const_expr(accurate):  # b_seg from the fp32 master state (K2's fragment positions)
-                for mb in cutlass.range_constexpr(D // 16):
-                    for nb in cutlass.range_constexpr(NB):
-                        e = 4 * (nb + NB * mb)
-                        a = out_base + Int64(col0 + 8 * nb + 2 * q) * D + Int64(16 * mb + g)
-                        for c in cutlass.range_constexpr(4):
-                            stg_f32(bseg_ptr + (a + Int64(D * (c & 1) + 8 * (c >> 1))) * 4, st[e + c])
-            else:
-                for jj in cutlass.range_constexpr(D // 32):
-                    k = lane + 32 * jj
-                    koff = 128 * NB * (k >> 3) + 16 * (k & 7)
-                    for p in cutlass.range_constexpr(NW // 2):
-                        word = lds_b32(region + koff + 128 * (p // 4) + 4 * (p % 4))
-                        e0 = out_base + Int64(col0 + 2 * p) * D + Int64(k)
-                        stg_f32_pair_from_bf16(bseg_ptr + e0 * 4, bseg_ptr + (e0 + D) * 4, word)
-            # m_seg's columns are swizzled for the merge's bulk copy (tile_ops.m_seg_column): row r keeps
-            # column c at c ^ 8 (r & 3); this lane's rows are i0 = col0 + 8 nb + 2q and i0 + 1
-            for mb in cutlass.range_constexpr(D // 16):
-                for nb in cutlass.range_constexpr(NB):
-                    e = 4 * (nb + NB * mb)
-                    i0 = col0 + 8 * nb + 2 * q
-                    k0 = 16 * mb + g
-                    r0 = out_base + Int64(i0) * D
-                    r1 = r0 + D
-                    stg_f32(mseg_ptr + (r0 + Int64(m_seg_column(i0, k0))) * 4, xr[e])
-                    stg_f32(mseg_ptr + (r1 + Int64(m_seg_column(i0 + 1, k0))) * 4, xr[e + 1])
-                    stg_f32(mseg_ptr + (r0 + Int64(m_seg_column(i0, k0 + 8))) * 4, xr[e + 2])
-                    stg_f32(mseg_ptr + (r1 + Int64(m_seg_column(i0 + 1, k0 + 8))) * 4, xr[e + 3])
+                for pp in range(NW // 2):
+                    word = lds_b32(region + koff + 128 * (pp // 4) + 4 * (pp % 4))
+                    e0 = out_base + Int64(col0 + 2 * pp) * D + Int64(k)
+                    stg_f32_pair_from_bf16(p.bseg_ptr + e0 * 4, p.bseg_ptr + (e0 + D) * 4, word)
+        # m_seg's columns are swizzled for the merge's bulk copy (tile_ops.m_seg_column): row r keeps
+        # column c at c ^ 8 (r & 3); this lane's rows are i0 = col0 + 8 nb + 2q and i0 + 1
+        for mb in range(D // 16):
+            for nb in range(NB):
+                e = 4 * (nb + NB * mb)
+                i0 = col0 + 8 * nb + 2 * q
+                k0 = 16 * mb + g
+                r0 = out_base + Int64(i0) * D
+                r1 = r0 + D
+                stg_f32(p.mseg_ptr + (r0 + Int64(m_seg_column(i0, k0))) * 4, xr[e])
+                stg_f32(p.mseg_ptr + (r1 + Int64(m_seg_column(i0 + 1, k0))) * 4, xr[e + 1])
+                stg_f32(p.mseg_ptr + (r0 + Int64(m_seg_column(i0, k0 + 8))) * 4, xr[e + 2])
+                stg_f32(p.mseg_ptr + (r1 + Int64(m_seg_column(i0 + 1, k0 + 8))) * 4, xr[e + 3])
 
 
-@cute.jit
-def cp_pre_scan(v: cute.Pointer, ws_kd: cute.Pointer, ws_kr: cute.Pointer, ws_gt: cute.Pointer,
-                ws_inv: cute.Pointer, ws_bsig: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer,
-                scan_seg: cute.Pointer, b_seg: cute.Pointer, m_seg: cute.Pointer, n_scan: Int32, n_heads: Int32,
-                cap: Int32, v_stride_t: Int64, v_stride_h: Int64, stream: cuda.CUstream,
-                value_block: cutlass.Constexpr[int], accurate: cutlass.Constexpr[bool] = False):
-    """pre_scan host entry: v [T_total, H, 128] bf16 read in place at token / head strides
-    v_stride_t / v_stride_h (elements; 16-byte aligned rows), workspace regions kd/kr/gt/inv/bsig
-    (docs/kernel_abi.md) written by K1 with the SEGMENT tables seq_start/tile_prefix [n_seg + 1],
-    scan_seg int32 [n_scan] (segments to process, never a sequence's last), outputs b_seg/m_seg fp32
-    [n_seg, H, 128, 128] (only the scanned segments' blocks are written). accurate: numerics="accurate"
-    (docs/numerics.md), B_j from K2's accurate chain in fp32."""
-    assert value_block in (128, 64, 32)
-    _pre_scan_kernel(v.toint(), ws_kd.toint(), ws_kr.toint(), ws_gt.toint(), ws_inv.toint(), ws_bsig.toint(),
-                     seq_start.toint(), tile_prefix.toint(), scan_seg.toint(), b_seg.toint(), m_seg.toint(),
-                     n_heads, cap, v_stride_t, v_stride_h, value_block, accurate).launch(
-        grid=(n_scan, n_heads, D // value_block), block=(32 * (mma_warps(value_block) + 1), 1, 1), stream=stream, use_pdl=True)
+# The registry's entry name (the manifest's): the class whose __call__ is the host entry (compile.py).
+cp_pre_scan = CpPreScan

@@ -45,6 +45,9 @@ two bf16 (or two fp16) values are exact in fp32, so P5/P6 products are fp32 mult
 by one RNE conversion.
 """
 
+import dataclasses
+from typing import Any, NamedTuple
+
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
@@ -118,72 +121,230 @@ def _locate_tile(tile: Int32, tile_prefix: Int64, seq_start: Int64, n_seq: Int32
     return found, tok0, m
 
 
-@cute.kernel
-def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Pointer, a_log: cute.Pointer,
+@dataclasses.dataclass(frozen=True)
+class K1Config:
+    """The static configuration of one K1 kernel. accurate: the numerics="accurate" twin (K1',
+    docs/numerics.md): the same workspace, the gated operands each rounded once. gate_form /
+    beta_form / g_fp32: tile_prep's codes; any gate form but GATE_SAFE is the general K1
+    (docs/gate_forms.md), whose A_log / dt_bias pointers may be null, g an fp32 log-decay."""
+
+    accurate: bool = False
+    gate_form: int = GATE_SAFE
+    beta_form: int = BETA_LOGITS
+    g_fp32: bool = False
+
+    @property
+    def general(self) -> bool:
+        """The general K1: its extra code (wide tiles, optional A_log / dt_bias) is compiled in."""
+        return self.gate_form != GATE_SAFE
+
+    @property
+    def factor(self):
+        """The decay factors 2^G, 2^-G and gamma: bf16 in FlashKDA's recipe (P4/P5), fp32 with
+        numerics="accurate", whose gated operands are each rounded once (docs/numerics.md, K1')."""
+        return Float32 if self.accurate else BFloat16
+
+
+class K1Params(NamedTuple):
+    """The kernel's parameters, in the order of its PTX .param list."""
+
+    q: Any
+    k: Any
+    g: Any
+    beta: Any
+    a_log: Any
+    dt_bias: Any
+    seq_start: Any
+    tile_prefix: Any
+    ws_qd: Any
+    ws_kd: Any
+    ws_kr: Any
+    ws_gt: Any
+    ws_inv: Any
+    ws_mqk: Any
+    ws_bsig: Any
+    n_seq: Any
+    n_heads: Any
+    cap: Any
+    scale: Any
+    gate_c: Any
+    q_st: Any
+    q_sh: Any
+    k_st: Any
+    k_sh: Any
+    g_st: Any
+    g_sh: Any
+    b_st: Any
+
+
+class K1Smem(NamedTuple):
+    """K1's shared memory (module docstring), in allocation order; the general K1 adds sKi_buf, sG
+    and sWide (None otherwise). sQd, sKd, sKr are the output images over the staging buffers (all
+    staging reads finish before barrier B1)."""
+
+    sQin: Any
+    sKin: Any
+    sGin: Any
+    sKi_buf: Any
+    sKi: Any
+    sE: Any
+    sEbar: Any
+    sGb: Any
+    mbar: Any
+    sG: Any
+    sWide: Any
+    sQd: Any
+    sKd: Any
+    sKr: Any
+
+
+class WideTile(NamedTuple):
+    """The general K1's wide-tile path (docs/gate_forms.md): the flag (the same for every thread),
+    a wide tile's q^ / k^ rows (wide_tile_operands) and, after B2, its two products in fp32."""
+
+    flag: Any
+    sQh: Any
+    sKh: Any
+    sL: Any
+    sM: Any
+
+
+class K1Prepare:
+    """K1 of one static configuration (K1Config); registry entry k1_prepare."""
+
+    def __init__(self, accurate: bool = False, gate_form: int = GATE_SAFE, beta_form: int = BETA_LOGITS,
+                 g_fp32: bool = False):
+        self.config = K1Config(accurate, gate_form, beta_form, g_fp32)
+
+    def __str__(self):
+        """What the kernel's PTX symbol spells for this object (the DSL spells a kernel method's
+        symbol from its object)."""
+        cfg = self.config
+        return f"K1Prepare_{int(cfg.accurate)}_{cfg.gate_form}_{cfg.beta_form}_{int(cfg.g_fp32)}"
+
+    @cute.jit
+    def __call__(self, q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Pointer, a_log: cute.Pointer,
+                 dt_bias: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer, ws_qd: cute.Pointer,
+                 ws_kd: cute.Pointer, ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer,
+                 ws_mqk: cute.Pointer, ws_bsig: cute.Pointer, t_total: Int32, n_seq: Int32, n_heads: Int32,
+                 cap: Int32, q_stride_t: Int64, q_stride_h: Int64, k_stride_t: Int64, k_stride_h: Int64,
+                 g_stride_t: Int64, g_stride_h: Int64, beta_stride_t: Int64, scale: Float32, gate_c: Float32,
+                 stream: cuda.CUstream):
+        """Token-major inputs read in place: q/k/g (t, h, d) at t * stride_t + h * stride_h + d (elements;
+        rows of 128 contiguous, 16-byte aligned values), beta (t, h) at t * beta_stride_t + h;
+        gate_c = f32(lb * LOG2E) formed in double on the host. t_total is part of the ABI but not needed:
+        every row read lies inside [seq_start[n], seq_start[n+1]). The general K1 (K1Config) may
+        take null a_log and dt_bias, an fp32 g and an fp32 beta."""
+        self.kernel(q, k, g, beta, a_log, dt_bias, seq_start, tile_prefix, ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk,
+                    ws_bsig, n_seq, n_heads, cap, scale, gate_c, q_stride_t, q_stride_h, k_stride_t, k_stride_h,
+                    g_stride_t, g_stride_h, beta_stride_t).launch(
+            grid=(cap, n_heads, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True,
+            min_blocks_per_mp=CTAS_PER_SM, preferred_smem_carveout=-1)  # -1: compiling needs no GPU
+
+    def shared_storage(self, smem) -> K1Smem:
+        """Allocates K1's shared memory (module docstring) from the kernel's allocator."""
+        cfg = self.config
+        stage_layout = cute.make_layout((CHUNK, PAD_ROW), stride=(PAD_ROW, 1))
+        sQin = smem.allocate_tensor(BFloat16, stage_layout, byte_alignment=128)
+        sKin = smem.allocate_tensor(BFloat16, stage_layout, byte_alignment=128)
+        sGin = smem.allocate_tensor(Float32 if cfg.g_fp32 else BFloat16, _staging_g_layout(cfg.g_fp32),
+                                    byte_alignment=128)
+        sKi_buf = None
+        if cfg.general:
+            # Ki's buffer holds a wide tile's q^ rows (wide_tile_operands), at the staging stride
+            sKi_buf = smem.allocate_tensor(BFloat16, stage_layout, byte_alignment=128)
+            sKi = cute.make_tensor(sKi_buf.iterator, raw_tile_layout())
+        else:
+            sKi = smem.allocate_tensor(BFloat16, raw_tile_layout(), byte_alignment=128)
+        factor = cfg.factor
+        sE = smem.allocate_tensor(factor, _factor_layout(cfg.accurate), byte_alignment=128)
+        sEbar = smem.allocate_tensor(factor, _factor_layout(cfg.accurate), byte_alignment=128)
+        sGb = smem.allocate_tensor(factor, cute.make_layout(D), byte_alignment=16)
+        mbar = smem.allocate_array(Int64, 1)
+        sG = None
+        sWide = None
+        if cfg.general:
+            # G per row and channel (fp32) for wide tiles, and each gate warp's vote "some |G| > FAST_RANGE"
+            sG = smem.allocate_tensor(Float32, cute.make_layout((CHUNK, F32_FACTOR_ROW), stride=(F32_FACTOR_ROW, 1)),
+                                      byte_alignment=128)
+            sWide = smem.allocate_array(Int32, 4)
+        return K1Smem(sQin, sKin, sGin, sKi_buf, sKi, sE, sEbar, sGb, mbar, sG, sWide,
+                      cute.make_tensor(sQin.iterator, raw_tile_layout()), cute.make_tensor(sKin.iterator, raw_tile_layout()),
+                      cute.make_tensor(cute.recast_ptr(sGin.iterator, dtype=BFloat16), raw_tile_layout()))
+
+    @cute.kernel
+    def kernel(self, q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Pointer, a_log: cute.Pointer,
                dt_bias: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer, ws_qd: cute.Pointer,
                ws_kd: cute.Pointer, ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer,
                ws_mqk: cute.Pointer, ws_bsig: cute.Pointer, n_seq: Int32, n_heads: Int32, cap: Int32,
                scale: Float32, gate_c: Float32, q_st: Int64, q_sh: Int64, k_st: Int64, k_sh: Int64, g_st: Int64,
-               g_sh: Int64, b_st: Int64, accurate: cutlass.Constexpr[bool],
-               gate_form: cutlass.Constexpr[int] = GATE_SAFE, beta_form: cutlass.Constexpr[int] = BETA_LOGITS,
-               g_fp32: cutlass.Constexpr[bool] = False):
-    # gate_form GATE_SAFE is FlashKDA's K1; any other form is the general K1 (docs/gate_forms.md), whose
-    # extra code sits under `general` and whose A_log / dt_bias pointers may be null.
-    general = gate_form != GATE_SAFE
-    tidx, _, _ = cute.arch.thread_idx()
-    tile, head, _ = cute.arch.block_idx()
-    await_previous_grid()
-    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-    lane = cute.arch.lane_idx()
+               g_sh: Int64, b_st: Int64):
+        """The stages of the module docstring, B1 and B2 (and the general K1's B3) between them."""
+        cfg = self.config
+        p = K1Params(q, k, g, beta, a_log, dt_bias, seq_start, tile_prefix, ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk,
+                     ws_bsig, n_seq, n_heads, cap, scale, gate_c, q_st, q_sh, k_st, k_sh, g_st, g_sh, b_st)
+        tidx, _, _ = cute.arch.thread_idx()
+        tile, head, _ = cute.arch.block_idx()
+        await_previous_grid()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        lane = cute.arch.lane_idx()
 
-    smem = cutlass.memory.SmemAllocator()
-    stage_layout = cute.make_layout((CHUNK, PAD_ROW), stride=(PAD_ROW, 1))
-    sQin = smem.allocate_tensor(BFloat16, stage_layout, byte_alignment=128)
-    sKin = smem.allocate_tensor(BFloat16, stage_layout, byte_alignment=128)
-    sGin = smem.allocate_tensor(Float32 if cutlass.const_expr(g_fp32) else BFloat16, _staging_g_layout(g_fp32),
-                                byte_alignment=128)
-    if cutlass.const_expr(general):
-        # Ki's buffer holds a wide tile's q^ rows (wide_tile_operands), at the staging stride
-        sKi_buf = smem.allocate_tensor(BFloat16, stage_layout, byte_alignment=128)
-        sKi = cute.make_tensor(sKi_buf.iterator, raw_tile_layout())
-    else:
-        sKi = smem.allocate_tensor(BFloat16, raw_tile_layout(), byte_alignment=128)
-    # The decay factors 2^G, 2^-G and gamma: bf16 in FlashKDA's recipe (P4/P5), fp32 with
-    # numerics="accurate", whose gated operands are each rounded once (docs/numerics.md, K1').
-    factor = Float32 if cutlass.const_expr(accurate) else BFloat16
-    sE = smem.allocate_tensor(factor, _factor_layout(accurate), byte_alignment=128)
-    sEbar = smem.allocate_tensor(factor, _factor_layout(accurate), byte_alignment=128)
-    sGb = smem.allocate_tensor(factor, cute.make_layout(D), byte_alignment=16)
-    mbar = smem.allocate_array(Int64, 1)
-    if cutlass.const_expr(general):
-        # G per row and channel (fp32) for wide tiles, and each gate warp's vote "some |G| > FAST_RANGE"
-        sG = smem.allocate_tensor(Float32, cute.make_layout((CHUNK, F32_FACTOR_ROW), stride=(F32_FACTOR_ROW, 1)),
-                                  byte_alignment=128)
-        sWide = smem.allocate_array(Int32, 4)
-    # Output images alias the staging buffers: all staging reads finish before barrier B1.
-    sQd = cute.make_tensor(sQin.iterator, raw_tile_layout())
-    sKd = cute.make_tensor(sKin.iterator, raw_tile_layout())
-    sKr = cute.make_tensor(cute.recast_ptr(sGin.iterator, dtype=BFloat16), raw_tile_layout())
+        sm = self.shared_storage(cutlass.memory.SmemAllocator())
 
-    # ---- stage 0: which sequence / rows (every warp by itself, one round of loads), then the load
-    # barrier. Initialising the barrier before the lookup instead measured 0.5-1% slower
-    # (docs/k1_profile.md).
-    found, tok0, m = _locate_tile(tile, tile_prefix.toint(), seq_start.toint(), n_seq, lane)
-    if found != 0:
-        slot = Int64(head) * Int64(cap) + Int64(tile)
+        # ---- stage 0: which sequence / rows (every warp by itself, one round of loads), then the load
+        # barrier. Initialising the barrier before the lookup instead measured 0.5-1% slower
+        # (docs/k1_profile.md).
+        found, tok0, m = _locate_tile(tile, tile_prefix.toint(), seq_start.toint(), n_seq, lane)
+        if found != 0:
+            slot = Int64(head) * Int64(cap) + Int64(tile)
+            self.load(p, sm, warp, head, tok0, m)
+            chan, gate_a, dt, row_lo, logit_lo, logit_hi = self.scalars(p, tidx, warp, lane, head, tok0, m)
+
+            cute.arch.mbarrier_wait(sm.mbar, 0)
+
+            # Stage 2b/3 lane mapping of w4-w7 (computed by every warp, used by w4-w7 only): lane -> row
+            # 8*(w&1) + lane%8, chunk index j = lane//8 + 4 s (s = 0..3, columns 8j..8j+7). 8 consecutive
+            # lanes are 8 rows of one core matrix, so the 16-byte staging reads (padded rows) and image
+            # writes (raw layout) are conflict free.
+            wn = warp - 4
+            is_k = wn >= 2
+            row = 8 * (wn & 1) + (lane & 7)
+            quad = lane >> 3
+            # bf(x * rsqrt) of stage 2b, 4 words per chunk, kept across B1 for stage 3 (registers: every
+            # index is a compile-time constant).
+            hat = cute.make_rmem_tensor(16, Uint32)
+            # B1 and B2 are each ONE bar.sync that all 256 threads execute outside the role branches: a
+            # CTA barrier reached from two different instructions (one per role) is what synccheck
+            # reports as "Divergent thread(s) in block", although the hardware counts the arrivals alike.
+            self.gate_and_norm(p, sm, warp, lane, chan, gate_a, dt, m, slot, row, quad, is_k, hat)
+
+            cute.arch.barrier()  # B1: e, ebar, bf(gamma) published; staging reads done
+
+            wide = None
+            if cutlass.const_expr(cfg.general):
+                wide = self.wide_tile(sm)
+            self.images(p, sm, warp, wide, row, quad, is_k, hat)
+            cute.arch.barrier()  # B2
+
+            self.store_images(p, sm, warp, slot)
+            self.products(p, sm, warp, lane, wide, slot, m, row_lo, logit_lo, logit_hi)
+
+    @cute.jit
+    def load(self, p: K1Params, sm: K1Smem, warp: Int32, head: Int32, tok0: Int32, m: Int32):
+        """Stage 0's barrier, then stage 1: bulk loads of the m valid token rows (64-bit element
+        offsets, docs/algorithm.md §6.5). Warp w owns rows w and w + 8; one elected lane per (warp,
+        row) issues the three 256-byte copies, so every copy is issued exactly once (4.8.1 cute.copy
+        does not elect, guide 5.3)."""
         if warp == 0:
             with cute.arch.elect_one():
-                cute.arch.mbarrier_init(mbar, 1)
+                cute.arch.mbarrier_init(sm.mbar, 1)
             cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
 
-        # ---- stage 1: bulk loads of the m valid token rows (64-bit element offsets, docs/algorithm.md §6.5).
-        # Warp w owns rows w and w + 8; one elected lane per (warp, row) issues the three 256-byte
-        # copies, so every copy is issued exactly once (4.8.1 cute.copy does not elect, guide 5.3).
         row_layout = cute.make_layout(D)
         if warp == 0:
             with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive_and_expect_tx(mbar, (2 * ROW_BYTES + G_ROW_BYTES[g_fp32]) * m)
+                cute.arch.mbarrier_arrive_and_expect_tx(sm.mbar, (2 * ROW_BYTES + G_ROW_BYTES[self.config.g_fp32]) * m)
         for half in cutlass.range_constexpr(2):
             r = warp + 8 * half
             if r < m:
@@ -191,28 +352,33 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
                 tok = Int64(tok0 + r)
                 h64 = Int64(head)
                 with cute.arch.elect_one():
-                    bulk_g2s_tensor(cute.make_tensor(q + (tok * q_st + h64 * q_sh), row_layout),
-                             cute.make_tensor(sQin.iterator + r * PAD_ROW, row_layout), mbar)
-                    bulk_g2s_tensor(cute.make_tensor(k + (tok * k_st + h64 * k_sh), row_layout),
-                             cute.make_tensor(sKin.iterator + r * PAD_ROW, row_layout), mbar)
-                    bulk_g2s_tensor(cute.make_tensor(g + (tok * g_st + h64 * g_sh), row_layout),
-                             cute.make_tensor(sGin.iterator + r * sGin.layout.stride[0], row_layout), mbar)
+                    bulk_g2s_tensor(cute.make_tensor(p.q + (tok * p.q_st + h64 * p.q_sh), row_layout),
+                                    cute.make_tensor(sm.sQin.iterator + r * PAD_ROW, row_layout), sm.mbar)
+                    bulk_g2s_tensor(cute.make_tensor(p.k + (tok * p.k_st + h64 * p.k_sh), row_layout),
+                                    cute.make_tensor(sm.sKin.iterator + r * PAD_ROW, row_layout), sm.mbar)
+                    bulk_g2s_tensor(cute.make_tensor(p.g + (tok * p.g_st + h64 * p.g_sh), row_layout),
+                                    cute.make_tensor(sm.sGin.iterator + r * sm.sGin.layout.stride[0], row_layout),
+                                    sm.mbar)
 
-        # Scalars whose global latency overlaps the bulk loads.
+    @cute.jit
+    def scalars(self, p: K1Params, tidx: Int32, warp: Int32, lane: Int32, head: Int32, tok0: Int32, m: Int32):
+        """Scalars whose global latency overlaps the bulk loads: (key channel, the gate's A (general
+        K1: exp(A_log), 1 without A_log) or A_log, the bias dt (0 without dt_bias), and warp 0's row
+        lane // 4 with the beta logits of it and of row + 8)."""
         chan = tidx & (D - 1)
-        if cutlass.const_expr(general):
+        if cutlass.const_expr(self.config.general):
             # A = exp(A_log) (1 without A_log), the bias 0 without dt_bias; log_decay reads neither
             A = Float32(1.0)
             dt = Float32(0.0)
-            if cutlass.const_expr(gate_form != GATE_LOGDECAY):
-                if a_log.toint() != Int64(0):
-                    A = ex2_approx_ftz(mul_rn_ftz(cute.make_tensor(a_log, cute.make_layout(n_heads))[head],
+            if cutlass.const_expr(self.config.gate_form != GATE_LOGDECAY):
+                if p.a_log.toint() != Int64(0):
+                    A = ex2_approx_ftz(mul_rn_ftz(cute.make_tensor(p.a_log, cute.make_layout(p.n_heads))[head],
                                                   Float32(LOG2E)))
-                if dt_bias.toint() != Int64(0):
-                    dt = Float32(cute.make_tensor(dt_bias, cute.make_layout(n_heads * D))[head * D + chan])
+                if p.dt_bias.toint() != Int64(0):
+                    dt = Float32(cute.make_tensor(p.dt_bias, cute.make_layout(p.n_heads * D))[head * D + chan])
         else:
-            a_log_h = cute.make_tensor(a_log, cute.make_layout(n_heads))[head]
-            dt = cute.make_tensor(dt_bias, cute.make_layout(n_heads * D))[head * D + chan]
+            A = cute.make_tensor(p.a_log, cute.make_layout(p.n_heads))[head]  # A_log: gate_factors takes it
+            dt = cute.make_tensor(p.dt_bias, cute.make_layout(p.n_heads * D))[head * D + chan]
         # Warp 0 later owns rows lane//4 and lane//4 + 8 of the 16x16 products; padded rows get the
         # logit 0 of the reference (Q7), their L rows are zero anyway and bsig is forced to 0.
         row_lo = lane >> 2
@@ -220,95 +386,105 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
         logit_hi = Float32(0.0)
         if warp == 0:
             if row_lo < m:
-                logit_lo = Float32(cute.make_tensor(beta + (Int64(tok0 + row_lo) * b_st + Int64(head)),
+                logit_lo = Float32(cute.make_tensor(p.beta + (Int64(tok0 + row_lo) * p.b_st + Int64(head)),
                                                     cute.make_layout(1))[0])
             if row_lo + 8 < m:
-                logit_hi = Float32(cute.make_tensor(beta + (Int64(tok0 + row_lo + 8) * b_st + Int64(head)),
+                logit_hi = Float32(cute.make_tensor(p.beta + (Int64(tok0 + row_lo + 8) * p.b_st + Int64(head)),
                                                     cute.make_layout(1))[0])
+        return chan, A, dt, row_lo, logit_lo, logit_hi
 
-        cute.arch.mbarrier_wait(mbar, 0)
-
-        # Stage 2b/3 lane mapping of w4-w7 (computed by every warp, used by w4-w7 only): lane -> row
-        # 8*(w&1) + lane%8, chunk index j = lane//8 + 4 s (s = 0..3, columns 8j..8j+7). 8 consecutive
-        # lanes are 8 rows of one core matrix, so the 16-byte staging reads (padded rows) and image
-        # writes (raw layout) are conflict free.
-        wn = warp - 4
-        is_k = wn >= 2
-        row = 8 * (wn & 1) + (lane & 7)
-        quad = lane >> 3
-        # bf(x * rsqrt) of stage 2b, 4 words per chunk, kept across B1 for stage 3 (registers: every
-        # index is a compile-time constant).
-        hat = cute.make_rmem_tensor(16, Uint32)
-        # B1 and B2 are each ONE bar.sync that all 256 threads execute outside the role branches: a
-        # CTA barrier reached from two different instructions (one per role) is what synccheck
-        # reports as "Divergent thread(s) in block", although the hardware counts the arrivals alike.
+    @cute.jit
+    def gate_and_norm(self, p: K1Params, sm: K1Smem, warp: Int32, lane: Int32, chan: Int32, gate_a, dt, m: Int32,
+                      slot: Int64, row: Int32, quad: Int32, is_k, hat: cute.Tensor):
+        """Stage 2: the L2 norm (P1) of q and k in w4-w7 (hat), the gate (P2-P4) in w0-w3, a thread
+        per key channel: e, ebar and bf(gamma) to shared memory, gamma to the workspace."""
+        cfg = self.config
         if warp >= 4:
             # ---- stage 2b: L2 norm (P1).
             row_valid = row < m
-            src = _select(is_k, sKin.iterator.toint(), sQin.iterator.toint(), Int32) + row * (PAD_ROW * 2)
+            src = _select(is_k, sm.sKin.iterator.toint(), sm.sQin.iterator.toint(), Int32) + row * (PAD_ROW * 2)
             l2norm_hat(src, row_valid, quad, hat)
         else:
             # ---- stage 2a: gate (P2-P4), thread = key channel.
-            if cutlass.const_expr(general):
-                gamma, wide = gate_factors_general(sGin, sE, sEbar, sG, chan, dt, A, gate_c, m, factor, gate_form)
+            if cutlass.const_expr(cfg.general):
+                gamma, wide = gate_factors_general(sm.sGin, sm.sE, sm.sEbar, sm.sG, chan, dt, gate_a, p.gate_c, m,
+                                                   cfg.factor, cfg.gate_form)
                 ballot = cute.arch.vote_ballot_sync(wide != 0)
                 if lane == 0:
-                    sWide[warp] = _select(ballot != 0, 1, 0, Int32)
+                    sm.sWide[warp] = _select(ballot != 0, 1, 0, Int32)
             else:
-                gamma = gate_factors(sGin, sE, sEbar, chan, dt, a_log_h, gate_c, m, factor)
-            cute.make_tensor(ws_gt + slot * D, cute.make_layout(D))[chan] = gamma
-            sGb[chan] = factor(gamma)
+                gamma = gate_factors(sm.sGin, sm.sE, sm.sEbar, chan, dt, gate_a, p.gate_c, m, cfg.factor)
+            cute.make_tensor(p.ws_gt + slot * D, cute.make_layout(D))[chan] = gamma
+            sm.sGb[chan] = cfg.factor(gamma)
 
-        cute.arch.barrier()  # B1: e, ebar, bf(gamma) published; staging reads done
+    def wide_tile(self, sm: K1Smem) -> WideTile:
+        """The general K1 after B1: whether the tile is wide (some gate warp voted so) and the
+        buffers of its path, over Ki's, ebar's and e's."""
+        stage_layout = cute.make_layout((CHUNK, PAD_ROW), stride=(PAD_ROW, 1))
+        flag = sm.sWide[0] | sm.sWide[1] | sm.sWide[2] | sm.sWide[3]  # the same for every thread
+        sQh = cute.make_tensor(sm.sKi_buf.iterator, stage_layout)
+        sKh = cute.make_tensor(cute.recast_ptr(sm.sEbar.iterator, dtype=BFloat16), stage_layout)
+        sL = cute.make_tensor(cute.recast_ptr(sm.sE.iterator, dtype=Float32), cute.make_layout((CHUNK, CHUNK),
+                                                                                                 stride=(CHUNK, 1)))
+        sM = cute.make_tensor(cute.recast_ptr(sm.sE.iterator, dtype=Float32) + CHUNK * CHUNK,
+                              cute.make_layout((CHUNK, CHUNK), stride=(CHUNK, 1)))
+        return WideTile(flag, sQh, sKh, sL, sM)
 
-        if cutlass.const_expr(general):
-            wide_tile = sWide[0] | sWide[1] | sWide[2] | sWide[3]  # the same for every thread
-            # a wide tile's q^ / k^ rows (wide_tile_operands) and, after B2, its two products in fp32
-            sQh = cute.make_tensor(sKi_buf.iterator, stage_layout)
-            sKh = cute.make_tensor(cute.recast_ptr(sEbar.iterator, dtype=BFloat16), stage_layout)
-            sL = cute.make_tensor(cute.recast_ptr(sE.iterator, dtype=Float32), cute.make_layout((CHUNK, CHUNK),
-                                                                                                  stride=(CHUNK, 1)))
-            sM = cute.make_tensor(cute.recast_ptr(sE.iterator, dtype=Float32) + CHUNK * CHUNK,
-                                  cute.make_layout((CHUNK, CHUNK), stride=(CHUNK, 1)))
+    @cute.jit
+    def images(self, p: K1Params, sm: K1Smem, warp: Int32, wide, row: Int32, quad: Int32, is_k, hat: cute.Tensor):
+        """Stage 3 (w4-w7): the decayed tiles (P5) as raw images, then the fence that lets stage 4's
+        bulk stores read them through the async proxy."""
+        accurate = self.config.accurate
         if warp >= 4:
-            if cutlass.const_expr(general):
-                if wide_tile != 0:
+            if cutlass.const_expr(self.config.general):
+                if wide.flag != 0:
                     # no Ki (2^-G overflows): its buffer and ebar's take q^ and k^ for the products
-                    decayed_images_wide(hat, row, quad, is_k, sE, sG, sQd, sKd, sKr, sQh, sKh, scale, accurate)
+                    decayed_images_wide(hat, row, quad, is_k, sm.sE, sm.sG, sm.sQd, sm.sKd, sm.sKr, wide.sQh,
+                                        wide.sKh, p.scale, accurate)
                 else:
-                    decayed_images(hat, row, quad, is_k, sE, sEbar, sGb, sQd, sKd, sKi, sKr, scale, accurate)
+                    decayed_images(hat, row, quad, is_k, sm.sE, sm.sEbar, sm.sGb, sm.sQd, sm.sKd, sm.sKi, sm.sKr,
+                                   p.scale, accurate)
             else:
-                decayed_images(hat, row, quad, is_k, sE, sEbar, sGb, sQd, sKd, sKi, sKr, scale, accurate)
+                decayed_images(hat, row, quad, is_k, sm.sE, sm.sEbar, sm.sGb, sm.sQd, sm.sKd, sm.sKi, sm.sKr, p.scale,
+                               accurate)
             # The S2G bulk copies read the images through the async proxy.
             cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.barrier()  # B2
 
-        # ---- stage 4
+    @cute.jit
+    def store_images(self, p: K1Params, sm: K1Smem, warp: Int32, slot: Int64):
+        """Stage 4, w7: one elected lane bulk-stores the three 4 KiB images, commits and waits."""
         if warp == 7:
             img_bytes = cute.make_layout(TILE_BYTES)
             ws_off = slot * TILE_BYTES
             bulk_s2g_elected([
-                (cute.make_tensor(cute.recast_ptr(sQd.iterator, dtype=Uint8), img_bytes),
-                 cute.make_tensor(ws_qd + ws_off, img_bytes)),
-                (cute.make_tensor(cute.recast_ptr(sKd.iterator, dtype=Uint8), img_bytes),
-                 cute.make_tensor(ws_kd + ws_off, img_bytes)),
-                (cute.make_tensor(cute.recast_ptr(sKr.iterator, dtype=Uint8), img_bytes),
-                 cute.make_tensor(ws_kr + ws_off, img_bytes)),
+                (cute.make_tensor(cute.recast_ptr(sm.sQd.iterator, dtype=Uint8), img_bytes),
+                 cute.make_tensor(p.ws_qd + ws_off, img_bytes)),
+                (cute.make_tensor(cute.recast_ptr(sm.sKd.iterator, dtype=Uint8), img_bytes),
+                 cute.make_tensor(p.ws_kd + ws_off, img_bytes)),
+                (cute.make_tensor(cute.recast_ptr(sm.sKr.iterator, dtype=Uint8), img_bytes),
+                 cute.make_tensor(p.ws_kr + ws_off, img_bytes)),
             ])
-        if cutlass.const_expr(general):
-            if wide_tile != 0:
-                wide_tile_products(sG, sQh, sKh, sL, sM, warp, lane, scale)
+
+    @cute.jit
+    def products(self, p: K1Params, sm: K1Smem, warp: Int32, lane: Int32, wide, slot: Int64, m: Int32,
+                 row_lo: Int32, logit_lo, logit_hi):
+        """Stage 4, w0 and w1 (after the general K1's wide-tile products and B3): (Kd | Qd) Ki^T, 16x16
+        over K = 128, 8 k-steps in order, fp32 accumulation (P6/P7); w0 turns L into INV and bsig
+        (store_inverse), w1 Mqk (store_mqk)."""
+        cfg = self.config
+        if cutlass.const_expr(cfg.general):
+            if wide.flag != 0:
+                wide_tile_products(sm.sG, wide.sQh, wide.sKh, wide.sL, wide.sM, warp, lane, p.scale)
                 cute.arch.barrier()  # B3: the products published
         if warp < 2:
-            # (Kd | Qd) Ki^T, 16x16 over K = 128: 8 k-steps in order, fp32 accumulation (P6/P7).
-            a_img = _select(warp == 0, sKd.iterator.toint(), sQd.iterator.toint(), Int32) + lane * 16
-            b_img = sKi.iterator.toint() + lane * 16
-            if cutlass.const_expr(general):
+            a_img = _select(warp == 0, sm.sKd.iterator.toint(), sm.sQd.iterator.toint(), Int32) + lane * 16
+            b_img = sm.sKi.iterator.toint() + lane * 16
+            if cutlass.const_expr(cfg.general):
                 col0 = 2 * (lane & 3)
                 # a wide tile's products come from wide_tile_products, the others' from the images
                 acc_r = cute.make_rmem_tensor(8, Float32)
-                if wide_tile != 0:
-                    src = _select(warp == 0, sL.iterator.toint(), sM.iterator.toint(), Int32)
+                if wide.flag != 0:
+                    src = _select(warp == 0, wide.sL.iterator.toint(), wide.sM.iterator.toint(), Int32)
                     frags = product_fragments(src, row_lo, col0)
                     for i in cutlass.range_constexpr(8):
                         acc_r[i] = frags[i // 4][i % 4]
@@ -326,48 +502,38 @@ def _k1_kernel(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Poi
             word_out = row_lo * (CHUNK // 2) + (lane & 3)  # u32 index of (row_lo, col0) in a 16x16 bf16 tile
             small_off = slot * (CHUNK * CHUNK)
             if warp == 0:
-                X, sig_lo, sig_hi = inverse_fragments(acc, row_lo, col0, logit_lo, logit_hi, beta_form)
-                mInv = cute.make_tensor(cute.recast_ptr(ws_inv + small_off, dtype=Uint32),
-                                        cute.make_layout(CHUNK * CHUNK // 2))
-                for nb in cutlass.range_constexpr(2):
-                    for h in cutlass.range_constexpr(2):
-                        x0, x1 = f16x2_to_f32x2(X[nb][h])
-                        mInv[word_out + h * 8 * (CHUNK // 2) + nb * 4] = f32x2_to_bf16x2(x0, x1)
-                if (lane & 3) == 0:
-                    mBsig = cute.make_tensor(ws_bsig + slot * CHUNK, cute.make_layout(CHUNK))
-                    mBsig[row_lo] = BFloat16(_select(row_lo < m, round_bf16(sig_lo), 0.0, Float32))
-                    mBsig[row_lo + 8] = BFloat16(_select(row_lo + 8 < m, round_bf16(sig_hi), 0.0, Float32))
+                self.store_inverse(p, acc, lane, row_lo, col0, logit_lo, logit_hi, word_out, small_off, slot, m)
             else:
-                # P7: Mqk = bf(acc), keep i >= j.
-                def make_store():
-                    mMqk = cute.make_tensor(cute.recast_ptr(ws_mqk + small_off, dtype=Uint32),
-                                            cute.make_layout(CHUNK * CHUNK // 2))
+                self.store_mqk(p, acc, row_lo, col0, word_out, small_off)
 
-                    def store(nb, h, w):
-                        mMqk[word_out + h * 8 * (CHUNK // 2) + nb * 4] = w
-                    return store
+    @cute.jit
+    def store_inverse(self, p: K1Params, acc, lane: Int32, row_lo: Int32, col0: Int32, logit_lo, logit_hi,
+                      word_out: Int32, small_off: Int64, slot: Int64, m: Int32):
+        """w0: L -> INV = (I+L)^-1 (tile_prep.inverse_fragments) and bf(sigma(beta)), stored."""
+        X, sig_lo, sig_hi = inverse_fragments(acc, row_lo, col0, logit_lo, logit_hi, self.config.beta_form)
+        mInv = cute.make_tensor(cute.recast_ptr(p.ws_inv + small_off, dtype=Uint32),
+                                cute.make_layout(CHUNK * CHUNK // 2))
+        for nb in cutlass.range_constexpr(2):
+            for h in cutlass.range_constexpr(2):
+                x0, x1 = f16x2_to_f32x2(X[nb][h])
+                mInv[word_out + h * 8 * (CHUNK // 2) + nb * 4] = f32x2_to_bf16x2(x0, x1)
+        if (lane & 3) == 0:
+            mBsig = cute.make_tensor(p.ws_bsig + slot * CHUNK, cute.make_layout(CHUNK))
+            mBsig[row_lo] = BFloat16(_select(row_lo < m, round_bf16(sig_lo), 0.0, Float32))
+            mBsig[row_lo + 8] = BFloat16(_select(row_lo + 8 < m, round_bf16(sig_hi), 0.0, Float32))
 
-                mqk_words(acc, row_lo, col0, make_store)
+    def store_mqk(self, p: K1Params, acc, row_lo, col0, word_out, small_off):
+        """w1, P7: Mqk = bf(acc), keep i >= j."""
+        def make_store():
+            mMqk = cute.make_tensor(cute.recast_ptr(p.ws_mqk + small_off, dtype=Uint32),
+                                    cute.make_layout(CHUNK * CHUNK // 2))
+
+            def store(nb, h, w):
+                mMqk[word_out + h * 8 * (CHUNK // 2) + nb * 4] = w
+            return store
+
+        mqk_words(acc, row_lo, col0, make_store)
 
 
-@cute.jit
-def k1_prepare(q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Pointer, a_log: cute.Pointer,
-               dt_bias: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer, ws_qd: cute.Pointer,
-               ws_kd: cute.Pointer, ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer,
-               ws_mqk: cute.Pointer, ws_bsig: cute.Pointer, t_total: Int32, n_seq: Int32, n_heads: Int32,
-               cap: Int32, q_stride_t: Int64, q_stride_h: Int64, k_stride_t: Int64, k_stride_h: Int64,
-               g_stride_t: Int64, g_stride_h: Int64, beta_stride_t: Int64, scale: Float32, gate_c: Float32,
-               stream: cuda.CUstream, accurate: cutlass.Constexpr[bool] = False, gate_form: cutlass.Constexpr[int] = GATE_SAFE,
-               beta_form: cutlass.Constexpr[int] = BETA_LOGITS, g_fp32: cutlass.Constexpr[bool] = False):
-    """Token-major inputs read in place: q/k/g (t, h, d) at t * stride_t + h * stride_h + d (elements;
-    rows of 128 contiguous, 16-byte aligned values), beta (t, h) at t * beta_stride_t + h;
-    gate_c = f32(lb * LOG2E) formed in double on the host. t_total is part of the ABI but not needed:
-    every row read lies inside [seq_start[n], seq_start[n+1]). accurate: the numerics="accurate" twin
-    (K1', docs/numerics.md): the same workspace, the gated operands each rounded once.
-    gate_form / beta_form / g_fp32: the general K1 of docs/gate_forms.md (tile_prep's codes); a_log and
-    dt_bias may then be null pointers, g an fp32 log-decay, beta fp32."""
-    _k1_kernel(q, k, g, beta, a_log, dt_bias, seq_start, tile_prefix, ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk,
-               ws_bsig, n_seq, n_heads, cap, scale, gate_c, q_stride_t, q_stride_h, k_stride_t, k_stride_h,
-               g_stride_t, g_stride_h, beta_stride_t, accurate, gate_form, beta_form, g_fp32).launch(
-        grid=(cap, n_heads, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True,
-        min_blocks_per_mp=CTAS_PER_SM, preferred_smem_carveout=-1)  # -1: compiling needs no GPU
+# The registry's entry name (the manifest's): the class whose __call__ is the host entry (compile.py).
+k1_prepare = K1Prepare

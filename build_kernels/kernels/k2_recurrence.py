@@ -15,7 +15,7 @@ Thread roles (no store warp: outputs go straight from the MMA warps as predicate
              in smem state is shared with another warp, so the MMA warps never synchronise with each
              other, only with the producer through the stage barriers.
   warp W     producer: elected lanes arm the stage and issue every bulk copy of a tile (3 elect regions).
-             The serial accurate VB=128 kernel has no warp W (folded_producer): MMA warp 0 issues the
+             The serial accurate VB=128 kernel has no warp W (K2Config.folded_producer): MMA warp 0 issues the
              first FOLDED_PREFETCH = 2 tiles before the entry state loads, and MMA warp i % W issues tile
              i + 2 at the start of tile i, so that its 8-warp CTAs fit two per SM at 128 registers
              (docs/k2_producer.md).
@@ -62,6 +62,8 @@ Pipeline protocol (hand-rolled ring, STAGES stages, tile i uses stage s = i % ST
   Every tile the producer issues is consumed, so no copy is in flight when the CTA exits.
 """
 
+import dataclasses
+
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
@@ -71,72 +73,108 @@ from .ptx_ops import (add_rn, ldg_bf16_pair, ldg_f32, ldg_f32_pair_bf16, lds_b32
                       ldsm_x4, ldsm_x4_t, mma_bf16_16816, pack_bf16x2, round_bf16x2, select_b32, stg_b32_if, stg_bf16_pair,
                       stg_f32, stg_f32_pair_from_bf16, sts_b32, unpack_bf16x2)
 from .recurrence_common import (FOLDED_PREFETCH, HEAD_ROW_BYTES, K2_OFF_BSIG, K2_OFF_GT, K2_OFF_INV, K2_OFF_KD,
-                                K2_OFF_KR, K2_OFF_MQK, K2_OFF_QD, K2_OFF_V, STAGES, alloc_ring, init_ring,
-                                k2_cta_sequence, k2_stage_bytes, k2_tile_source, mma_split, mma_warps,
-                                produce_first_tiles, produce_in_turn, produce_tiles, solve_u_fragment,
+                                K2_OFF_KR, K2_OFF_MQK, K2_OFF_QD, K2_OFF_V, STAGES, K2Params, SequenceTiles, alloc_ring,
+                                init_ring, k2_cta_sequence, k2_params, k2_stage_bytes, k2_tile_source, mma_split,
+                                mma_warps, produce_first_tiles, produce_in_turn, produce_tiles, solve_u_fragment,
                                 solve_u_fragment_accurate, state_f32_step, state_words_step, v_stride)
+from .. import abi_constants as ABI_CONSTANTS
 from .state_io import checkpoint_target, checkpoint_targets, k2_state_slots, sequence_start_of
-from .tile_ops import CHUNK, D
+from .tile_ops import D
 
 
-def folded_producer(vb: int, accurate: bool, segmented: bool) -> bool:
-    """Whether the MMA warps also produce the tiles (taking turns), in place of a producer warp.
+@dataclasses.dataclass(frozen=True)
+class K2Config:
+    """The static configuration of one mma.sync K2 kernel, and the policy that follows from it.
 
-    Only the serial accurate VB=128 kernel. Its fp32 state needs 128 registers per thread, and
-    registers are allocated per SM sub-partition (four of 16384, a CTA's warps dealt round-robin),
-    so two CTAs per SM fit with 8 warps each (4 per sub-partition) but not with 9 (5 on two of
-    them: at most 96 registers, which spills). Issuing copies lengthens a warp's tile, so folding pays
-    only where the second CTA per SM does: with more CTAs than SMs. Folded, H=64 [8192] at VB=64
-    went from 0.760 to 0.989 ms and the CP rows (segments, fewer CTAs than SMs) lost 6-7%
-    (docs/k2_producer.md)."""
-    return accurate and vb == 128 and not segmented
+    value_block: value columns per CTA (VALUE_BLOCKS); accurate: numerics="accurate"
+    (docs/numerics.md); segmented: a CP call's K2 (entry states from the fp32 carries, the exit state
+    of segment j at final_slot[j]); has_initial / has_final: the state I/O; state_fp32 /
+    final_fp32: the entry and the exit state (and checkpoints) in fp32; ext: state I/O by slot
+    and checkpoints (docs/state_pool.md); ablation: a partial accurate recipe, for the
+    measurement only (recurrence_common.py, level). (value_block, accurate, segmented) first: the
+    launch policy depends on nothing else."""
 
+    value_block: int
+    accurate: bool = False
+    segmented: bool = False
+    has_initial: bool = True
+    has_final: bool = True
+    state_fp32: bool = False
+    final_fp32: bool = False
+    ext: bool = False
+    ablation: int = 0
 
-def k2_threads(vb: int, accurate: bool, segmented: bool) -> int:
-    """Threads per K2 CTA: the MMA warps, and the producer warp unless they produce themselves."""
-    return 32 * (mma_warps(vb) + (0 if folded_producer(vb, accurate, segmented) else 1))
+    def __post_init__(self):
+        assert self.value_block in ABI_CONSTANTS.VALUE_BLOCKS, self.value_block
+        assert not (self.ext and self.accurate), "the accurate recipe has no state-pool K2"
 
+    @property
+    def mma_warps(self) -> int:
+        """MMA warps of a CTA: each owns nw value columns (recurrence_common.mma_warps)."""
+        return mma_warps(self.value_block)
 
-def k2_schedule(vb: int, accurate: bool, segmented: bool):
-    """(hoist, P1, P5): how far ahead of their use the PTX issues K2's shared-memory operand reads.
-    hoist: Q2-Q4's operands (INV, Mqk, bsig, v) before Q1; P1: Q1's Kd, Qd and S^T fragments this
-    many k-steps ahead; P5: Q5's Kr^T fragment and gamma this many m-blocks ahead. (False, 0, 0)
-    is the plain order, each read right before its MMA. ptxas reschedules either way, within the
-    registers it allows itself (k2_min_ctas); the table holds what measured faster
-    (docs/k2_schedule.md). The accurate recipe keeps the plain order."""
-    if accurate:
-        return False, 0, 0
-    return _SCHEDULE.get((vb, segmented), (False, 0, 0))
+    @property
+    def nw(self) -> int:
+        """Value columns per MMA warp."""
+        return self.value_block // self.mma_warps
+
+    @property
+    def folded_producer(self) -> bool:
+        """Whether the MMA warps also produce the tiles (taking turns), in place of a producer warp.
+
+        Only the serial accurate VB=128 kernel. Its fp32 state needs 128 registers per thread, and
+        registers are allocated per SM sub-partition (four of 16384, a CTA's warps dealt round-robin),
+        so two CTAs per SM fit with 8 warps each (4 per sub-partition) but not with 9 (5 on two of
+        them: at most 96 registers, which spills). Issuing copies lengthens a warp's tile, so folding pays
+        only where the second CTA per SM does: with more CTAs than SMs. Folded, H=64 [8192] at VB=64
+        went from 0.760 to 0.989 ms and the CP rows (segments, fewer CTAs than SMs) lost 6-7%
+        (docs/k2_producer.md)."""
+        return self.accurate and self.value_block == 128 and not self.segmented
+
+    @property
+    def threads(self) -> int:
+        """Threads per K2 CTA: the MMA warps, and the producer warp unless they produce themselves."""
+        return 32 * (self.mma_warps + (0 if self.folded_producer else 1))
+
+    @property
+    def schedule(self):
+        """(hoist, P1, P5): how far ahead of their use the PTX issues K2's shared-memory operand reads.
+        hoist: Q2-Q4's operands (INV, Mqk, bsig, v) before Q1; P1: Q1's Kd, Qd and S^T fragments this
+        many k-steps ahead; P5: Q5's Kr^T fragment and gamma this many m-blocks ahead. (False, 0, 0)
+        is the plain order, each read right before its MMA. ptxas reschedules either way, within the
+        registers it allows itself (min_ctas); the table holds what measured faster
+        (docs/k2_schedule.md). The accurate recipe keeps the plain order."""
+        if self.accurate:
+            return False, 0, 0
+        return _SCHEDULE.get((self.value_block, self.segmented), (False, 0, 0))
+
+    @property
+    def min_ctas(self):
+        """The CTAs per SM ptxas may assume for a K2 variant (min_blocks_per_mp, PTX .minnctapersm), or
+        None. Given only .reqntid, ptxas holds the default VB=64 kernel at 56 registers and issues each
+        ldmatrix right before the MMA that reads it, so the MMA waits out the read (Nsight Compute: 37%
+        of K2's warp stall samples were MMAs on the short scoreboard). Told one CTA per SM, which is
+        what a VB=64 grid gets (value_split picks VB=64 only for at most one CTA per SM), it takes 96
+        registers and reads ahead. VB=128: two CTAs per SM, as its grids have; ptxas then stays at 96
+        registers, the most at which two 9-warp CTAs fit (registers are allocated per SM
+        sub-partition, docs/k2_producer.md). The accurate recipe has no hint: told two CTAs, ptxas
+        caps its folded 8-warp VB=128 kernel at 128 registers and k2_inout_bf16_vb128_acc then spills
+        16 bytes; unhinted, every accurate variant fits without a spill."""
+        if self.accurate:
+            return None
+        return _MIN_CTAS.get(self.value_block)
+
+    @property
+    def launch_hint(self) -> dict:
+        """min_ctas as launch options. The carveout is given (-1: the driver's default) so that
+        compiling needs no GPU: without it the DSL asks the device for its shared memory size."""
+        n = self.min_ctas
+        return {} if n is None else {"min_blocks_per_mp": n, "preferred_smem_carveout": -1}
 
 
 # (value_block, segmented) -> schedule, measured on the H200 (docs/k2_schedule.md)
 _SCHEDULE = {(64, False): (True, 2, 2), (64, True): (True, 2, 2), (128, True): (True, 1, 1)}
-
-
-def k2_min_ctas(vb: int, accurate: bool, segmented: bool):
-    """The CTAs per SM ptxas may assume for a K2 variant (min_blocks_per_mp, PTX .minnctapersm), or
-    None. Given only .reqntid, ptxas holds the default VB=64 kernel at 56 registers and issues each
-    ldmatrix right before the MMA that reads it, so the MMA waits out the read (Nsight Compute: 37%
-    of K2's warp stall samples were MMAs on the short scoreboard). Told one CTA per SM, which is
-    what a VB=64 grid gets (value_split picks VB=64 only for at most one CTA per SM), it takes 96
-    registers and reads ahead. VB=128: two CTAs per SM, as its grids have; ptxas then stays at 96
-    registers, the most at which two 9-warp CTAs fit (registers are allocated per SM
-    sub-partition, docs/k2_producer.md). The accurate recipe has no hint: told two CTAs, ptxas
-    caps its folded 8-warp VB=128 kernel at 128 registers and k2_inout_bf16_vb128_acc then spills
-    16 bytes; unhinted, every accurate variant fits without a spill."""
-    if accurate:
-        return None
-    return _MIN_CTAS.get(vb)
-
-
 _MIN_CTAS = {128: 2, 64: 1}
-
-
-def k2_launch_hint(vb: int, accurate: bool, segmented: bool) -> dict:
-    """k2_min_ctas as launch options. The carveout is given (-1: the driver's default) so that
-    compiling needs no GPU: without it the DSL asks the device for its shared memory size."""
-    n = k2_min_ctas(vb, accurate, segmented)
-    return {} if n is None else {"min_blocks_per_mp": n, "preferred_smem_carveout": -1}
 
 
 def _q1_operands(sb, region, kb, off_a, off_sb, NB: int, b_pair):
@@ -239,323 +277,401 @@ def _store_master_state(st, final_ptr, final_base, col0, g, q, NB: int):
                 stg_f32(final_ptr + (a + Int64(D * (c & 1) + 8 * (c >> 1))) * 4, st[e + c])
 
 
-@cute.kernel
-def _k2_kernel(v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64,
+class K2Recurrence:
+    """The mma.sync K2 kernel of one static configuration (K2Config). The mode classes below add the
+    host entry of each mode, a `@cute.jit __call__` with the registry's arguments of that mode."""
+
+    def __init__(self, config: K2Config):
+        self.config = config
+
+    def __str__(self):
+        """What the kernel's PTX symbol spells for this object: the mode and the constants that are
+        not K2Config's defaults (the DSL spells a kernel method's symbol from its object)."""
+        cfg = self.config
+        return "_".join([type(self).__name__] + [f"{f.name}{getattr(cfg, f.name)}" for f in dataclasses.fields(cfg)
+                                                 if getattr(cfg, f.name) != f.default])
+
+    def _launch(self, params: K2Params, n_seq: Int32, n_heads: Int32, stream: cuda.CUstream):
+        cfg = self.config
+        self.kernel(*params).launch(grid=(n_seq * n_heads, 1, D // cfg.value_block), block=(cfg.threads, 1, 1),
+                                    stream=stream, use_pdl=True, **cfg.launch_hint)
+
+    @cute.kernel
+    def kernel(self, v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64,
                inv_ptr: Int64, mqk_ptr: Int64, bsig_ptr: Int64, mStart: cute.Tensor, mPrefix: cute.Tensor,
                init_ptr: Int64, final_ptr: Int64, mSlot: cute.Tensor, n_heads: Int32, cap: Int32,
                idx_ptr: Int64, slot_stride: Int64, n_pool: Int32, ck_ptr: Int64, ck_every: Int32,
                mSeqStart: cute.Tensor, n_real: Int32, order_ptr: Int64, ck_tab: Int64, ck_k: Int32,
-               ck_stride: Int64, v_st: Int64, v_sh: Int64,
-               has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
-               state_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int],
-               final_fp32: cutlass.Constexpr[bool], final_slots: cutlass.Constexpr[bool],
-               ext: cutlass.Constexpr[bool], accurate: cutlass.Constexpr[bool],
-               ablation: cutlass.Constexpr[int]):
-    VB = value_block
-    MMA_WARPS = mma_warps(VB)
-    FOLDED = folded_producer(VB, accurate, final_slots)  # final_slots: a segmented (CP) K2
-    LOAD_WARP = MMA_WARPS  # the producer warp; the folded kernel's CTA has no warp of this index
-    NW = VB // MMA_WARPS  # value columns per MMA warp
-    NB = NW // 8  # n-blocks of 8 per warp
-    VSTR = v_stride(VB)
-    SB = k2_stage_bytes(VB)
-    HOIST, P1, P5 = k2_schedule(VB, accurate, final_slots)
+               ck_stride: Int64, v_st: Int64, v_sh: Int64):
+        """The CTA (n, h, vblk): its stage ring and state buffer, then the roles (module docstring):
+        the producer warp (load) and the MMA warps (mma). Parameters: K2Params."""
+        cfg = self.config
+        p = K2Params(v_ptr, out_ptr, qd_ptr, kd_ptr, kr_ptr, gt_ptr, inv_ptr, mqk_ptr, bsig_ptr, mStart, mPrefix,
+                     init_ptr, final_ptr, mSlot, n_heads, cap, idx_ptr, slot_stride, n_pool, ck_ptr, ck_every,
+                     mSeqStart, n_real, order_ptr, ck_tab, ck_k, ck_stride, v_st, v_sh)
+        LOAD_WARP = cfg.mma_warps  # the producer warp; the folded kernel's CTA has no warp of this index
 
-    n, h, vblk = k2_cta_sequence(n_heads, order_ptr)  # grid and dispatch order (docs/dispatch_order.md)
-    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-    lane = cute.arch.lane_idx()
+        n, h, vblk = k2_cta_sequence(n_heads, order_ptr)  # grid and dispatch order (docs/dispatch_order.md)
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        lane = cute.arch.lane_idx()
 
-    smem = cutlass.memory.SmemAllocator()
-    full, empty, buf_addr = alloc_ring(smem, SB)
-    sstate = smem.allocate(VB * D * 2, byte_alignment=128)
+        smem = cutlass.memory.SmemAllocator()
+        full, empty, buf_addr = alloc_ring(smem, k2_stage_bytes(cfg.value_block))
+        sstate = smem.allocate(cfg.value_block * D * 2, byte_alignment=128)
 
-    tile0 = mPrefix[n]
-    ntiles = mPrefix[n + 1] - tile0
-    busy, slot, in_slot = k2_state_slots(n, ntiles, mSlot, idx_ptr, n_pool, init_ptr, final_ptr, has_final,
-                                         final_slots, ext)
-    if busy > 0:
-        init_ring(warp, full, empty, 32 * MMA_WARPS)
+        tile0 = mPrefix[n]
+        ntiles = mPrefix[n + 1] - tile0
+        busy, slot, in_slot = k2_state_slots(n, ntiles, mSlot, idx_ptr, n_pool, init_ptr, final_ptr, cfg.has_final,
+                                             cfg.segmented, cfg.ext)
+        if busy > 0:
+            init_ring(warp, full, empty, 32 * cfg.mma_warps)
 
-        tok0 = mStart[n]
-        tok_end = mStart[n + 1]
-        h64 = Int64(h)
-        H64 = Int64(n_heads)
+            seq = SequenceTiles(mStart[n], mStart[n + 1], tile0, ntiles)
+            h64 = Int64(h)
+            H64 = Int64(n_heads)
 
-        if warp == LOAD_WARP:
-            # ---------------------------------------------------------------- producer
-            if cutlass.const_expr(not FOLDED):
-                produce_tiles(full, empty, buf_addr, ntiles, *k2_tile_source(tok0, tok_end, h64, v_st, v_sh, cap,
-                                                                             tile0, vblk, VB, v_ptr, qd_ptr, kd_ptr,
-                                                                             kr_ptr, gt_ptr, inv_ptr, mqk_ptr,
-                                                                             bsig_ptr))
+            if warp == LOAD_WARP:
+                self.load(p, seq, h64, vblk, full, empty, buf_addr)
+            else:
+                self.mma(p, seq, warp, lane, n, h64, H64, vblk, full, empty, buf_addr, sstate, slot, in_slot)
+
+    @cute.jit
+    def load(self, p: K2Params, seq: SequenceTiles, h64: Int64, vblk: Int32, full: cute.Pointer,
+             empty: cute.Pointer, buf_addr: Int32):
+        """The producer warp: every tile of the sequence into the ring (none when folded: the MMA
+        warps issue them, mma)."""
+        if cutlass.const_expr(not self.config.folded_producer):
+            produce_tiles(full, empty, buf_addr, seq.ntiles, *k2_tile_source(seq, p, h64, vblk, self.config.value_block))
+
+    @cute.jit
+    def mma(self, p: K2Params, seq: SequenceTiles, warp: Int32, lane: Int32, n: Int32, h64: Int64, H64: Int64,
+            vblk: Int32, full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, sstate: cute.Pointer,
+            slot: Int32, in_slot: Int32):
+        """The MMA warps: the entry state (Q6), every tile's Q1-Q5 with its output and checkpoint, the
+        exit state (Q6); folded, also the tiles' copies (module docstring)."""
+        cfg = self.config
+        VB = cfg.value_block
+        MMA_WARPS = cfg.mma_warps
+        FOLDED = cfg.folded_producer
+        NW = cfg.nw  # value columns per MMA warp
+        NB = NW // 8  # n-blocks of 8 per warp
+        SB = k2_stage_bytes(VB)
+        HOIST = cfg.schedule[0]
+        if cutlass.const_expr(FOLDED):
+            # the MMA warps produce: warp 0 the first FOLDED_PREFETCH tiles now, overlapping the entry
+            # state's load, then warp i % MMA_WARPS tile i + FOLDED_PREFETCH at the start of tile i
+            tile_source = k2_tile_source(seq, p, h64, vblk, VB)
+            produce_first_tiles(warp, seq.ntiles, full, empty, buf_addr, tile_source)
+        w = warp
+        g = lane >> 2  # C-fragment row (and row + 8)
+        q = lane & 3  # C-fragment column pair
+        j4 = lane >> 3  # ldmatrix matrix index supplied by this lane
+        i8 = lane & 7  # ldmatrix row supplied by this lane
+        region = sstate.toint() + w * (NW * D * 2)
+        col0 = vblk * VB + w * NW  # first global value column of this warp
+        state_base = (Int64(n) * H64 + h64) * Int64(D * D)  # element index of state[n, h, 0, 0]
+        ck_base = seq.tok0  # checkpoints count tokens from the start of the CTA's sequence
+        ck_seq = n
+        if cutlass.const_expr(cfg.ext and cfg.segmented):
+            ck_base, ck_seq = sequence_start_of(seq.tok0, p.ck_ptr, p.mSeqStart, p.n_real)
+        if cutlass.const_expr(cfg.ext):
+            ck_targets = checkpoint_targets(p.ck_ptr, p.ck_tab, p.ck_k, ck_seq)
+
+        # lane offsets (bytes)
+        off_a = lane * 16  # A operand from a raw image: base + 512 kb + 16 lane
+        if cutlass.const_expr(NB >= 2):
+            off_sb = 128 * ((j4 >> 1) + NB * (j4 & 1)) + 16 * i8  # + 128 * (2 p + 2 NB kb)
         else:
-            # ---------------------------------------------------------------- MMA warps
+            off_sb = 16 * lane  # matrices kc = 2 kb .. 2 kb + 3: + 256 kb
+        off_kr = 256 * (j4 & 1) + 128 * (j4 >> 1) + 16 * i8  # + 512 mb (transposed Kr^T A operand)
+        off_sq = 32 * (8 * (j4 & 1) + i8) + 16 * (j4 >> 1)  # row-major 16x16 A operand
+
+        self.load_entry_state(p, region, lane, col0, state_base, h64, in_slot)
+        zero = Float32(0.0)
+        st_words, st = self.state_registers(p, region, lane, col0, state_base, g, q)
+        for i in cutlass.range(seq.ntiles, unroll=1):
+            s = i % STAGES
             if cutlass.const_expr(FOLDED):
-                # the MMA warps produce: warp 0 the first FOLDED_PREFETCH tiles now, overlapping the entry
-                # state's load, then warp i % MMA_WARPS tile i + FOLDED_PREFETCH at the start of tile i
-                tile_source = k2_tile_source(tok0, tok_end, h64, v_st, v_sh, cap, tile0, vblk, VB, v_ptr, qd_ptr,
-                                             kd_ptr, kr_ptr, gt_ptr, inv_ptr, mqk_ptr, bsig_ptr)
-                produce_first_tiles(warp, ntiles, full, empty, buf_addr, tile_source)
-            w = warp
-            g = lane >> 2  # C-fragment row (and row + 8)
-            q = lane & 3  # C-fragment column pair
-            j4 = lane >> 3  # ldmatrix matrix index supplied by this lane
-            i8 = lane & 7  # ldmatrix row supplied by this lane
-            region = sstate.toint() + w * (NW * D * 2)
-            col0 = vblk * VB + w * NW  # first global value column of this warp
-            state_base = (Int64(n) * H64 + h64) * Int64(D * D)  # element index of state[n, h, 0, 0]
-            ck_base = tok0  # checkpoints count tokens from the start of the CTA's sequence
-            ck_seq = n
-            if cutlass.const_expr(ext and final_slots):
-                ck_base, ck_seq = sequence_start_of(tok0, ck_ptr, mSeqStart, n_real)
-            if cutlass.const_expr(ext):
-                ck_targets = checkpoint_targets(ck_ptr, ck_tab, ck_k, ck_seq)
+                produce_in_turn(warp, i, seq.ntiles, MMA_WARPS, full, empty, buf_addr, tile_source)
+            cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
+            sb = buf_addr + s * SB
+            start, m = seq.tile(i)
 
-            # lane offsets (bytes)
-            off_a = lane * 16  # A operand from a raw image: base + 512 kb + 16 lane
-            if cutlass.const_expr(NB >= 2):
-                off_sb = 128 * ((j4 >> 1) + NB * (j4 & 1)) + 16 * i8  # + 128 * (2 p + 2 NB kb)
-            else:
-                off_sb = 16 * lane  # matrices kc = 2 kb .. 2 kb + 3: + 256 kb
-            off_kr = 256 * (j4 & 1) + 128 * (j4 >> 1) + 16 * i8  # + 512 mb (transposed Kr^T A operand)
-            off_sq = 32 * (8 * (j4 & 1) + i8) + 16 * (j4 >> 1)  # row-major 16x16 A operand
-
-            # -------- Q6 entry state: S^T[k, v] = bf(initial[n, h, v, k]) or 0, this warp's columns
-            if cutlass.const_expr(ext and not final_slots):
-                # state I/O by slot (state pool, or a plain state with slot = n): no entry slot -> 0
-                if in_slot >= 0:
-                    _load_entry_state(init_ptr, Int64(in_slot) * slot_stride + h64 * Int64(D * D), region, lane,
-                                      col0, NB, NW, True, state_fp32)
-                else:
-                    _load_entry_state(init_ptr, Int64(0), region, lane, col0, NB, NW, False, state_fp32)
-            else:
-                _load_entry_state(init_ptr, state_base, region, lane, col0, NB, NW, has_initial, state_fp32)
+            hoisted = None
+            if cutlass.const_expr(HOIST):
+                # Q2-Q4's operands depend only on the stage: read before Q1, they have landed
+                # by the time Q1 ends (docs/k2_schedule.md)
+                hoisted = self.q2_q4_operands(sb, off_sq, g, q, w, m)
+            acc_u, acc_o = self.q1(sb, region, off_a, off_sb, zero)
+            # Q1's ldmatrix read other lanes' S^T words that Q5 overwrites below: the warp's
+            # reads are done before any lane writes (racecheck's warp-level WAR hazard).
             cute.arch.sync_warp()
+            u_frag = self.q2_q4(p, sb, acc_u, acc_o, hoisted, off_sq, g, q, w, m, start, col0, h64, H64, zero)
+            st_words = self.q5(sb, region, lane, off_kr, g, u_frag, st, st_words, zero)
 
-            zero = Float32(0.0)
-            # This lane's words of S^T at its Q5 C-fragment positions, kept in registers across tiles:
-            # Q5 reads the old state from here instead of shared memory (the kernel is bound by shared
-            # memory throughput) and still writes the new one there for Q1's ldmatrix. Same values.
-            st_words = []
-            for mb in cutlass.range_constexpr(D // 16):
-                for nb in cutlass.range_constexpr(NB):
-                    w_a0 = region + 128 * (nb + NB * (2 * mb)) + 4 * lane
-                    st_words.append(lds_b32(w_a0))
-                    st_words.append(lds_b32(w_a0 + 128 * NB))
-            if cutlass.const_expr(accurate):
-                # numerics="accurate": the state lives in fp32 registers (st); shared memory keeps only
-                # its bf16 copy, Q1's MMA operand (docs/numerics.md)
-                st = cute.make_rmem_tensor(32 * NB, Float32)
-                _load_master_state(st, st_words, init_ptr, state_base, col0, g, q, NB, has_initial and state_fp32)
-            for i in cutlass.range(ntiles, unroll=1):
-                s = i % STAGES
-                if cutlass.const_expr(FOLDED):
-                    produce_in_turn(warp, i, ntiles, MMA_WARPS, full, empty, buf_addr, tile_source)
-                cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
-                sb = buf_addr + s * SB
-                start = tok0 + i * CHUNK
-                m = cutlass.min(tok_end - start, CHUNK)
+            # state writes visible to the whole warp before the next Q1; every thread releases
+            # its own stage reads (empty[s] counts 32 arrivals per MMA warp)
+            cute.arch.sync_warp()
+            cute.arch.mbarrier_arrive(empty + s)
+            if cutlass.const_expr(cfg.ext):
+                # checkpoint (docs/state_pool.md): the state after a full tile that ends every C
+                # tokens of its sequence, or at one of its given offsets
+                ck_dst = checkpoint_target(p.ck_ptr, p.ck_every, ck_base, start, m, ck_targets, p.ck_stride, H64,
+                                           h64)
+                if ck_dst >= Int64(0):
+                    _store_exit_state(p.ck_ptr, ck_dst, region, lane, col0, NB, NW, cfg.final_fp32)
 
-                if cutlass.const_expr(HOIST):
-                    # Q2-Q4's operands depend only on the stage: read before Q1, they have landed
-                    # by the time Q1 ends (docs/k2_schedule.md)
-                    a_inv, a_mqk, bs0, bs1 = _q2_q4_operands(sb, off_sq, g)
-                    ok0 = Int32(g < m)
-                    ok1 = Int32(g + 8 < m)
-                    v_a0 = sb + K2_OFF_V + g * VSTR + (w * NW + 2 * q) * 2
-                    v_pre = [_v_words(v_a0, nb, ok0, ok1, VSTR) for nb in range(NB)]
+        self.store_exit_state(p, region, lane, col0, g, q, h64, H64, slot, st)
 
-                # -------- Q1: u, o1 accumulators, 8 sequential k-steps, operands read P1 k-steps ahead
-                acc_u = [[zero, zero, zero, zero] for _ in range(NB)]
-                acc_o = [[zero, zero, zero, zero] for _ in range(NB)]
-                q1_ops = []
-                b_pair = [None]  # NB == 1: the .x4.trans read of an even k-step serves the odd one too
-                for kb in cutlass.range_constexpr(min(P1, D // 16)):
-                    q1_ops.append(_q1_operands(sb, region, kb, off_a, off_sb, NB, b_pair))
-                for kb in cutlass.range_constexpr(D // 16):
-                    if cutlass.const_expr(kb + P1 < D // 16):
-                        q1_ops.append(_q1_operands(sb, region, kb + P1, off_a, off_sb, NB, b_pair))
-                    a_k, a_q, bfrags = q1_ops[kb]
-                    for nb in cutlass.range_constexpr(NB):
-                        acc_u[nb] = list(mma_bf16_16816(a_k, bfrags[nb], acc_u[nb]))
-                        acc_o[nb] = list(mma_bf16_16816(a_q, bfrags[nb], acc_o[nb]))
-                # Q1's ldmatrix read other lanes' S^T words that Q5 overwrites below: the warp's
-                # reads are done before any lane writes (racecheck's warp-level WAR hazard).
-                cute.arch.sync_warp()
+    @cute.jit
+    def load_entry_state(self, p: K2Params, region: Int32, lane: Int32, col0: Int32, state_base: Int64, h64: Int64,
+                         in_slot: Int32):
+        """Q6 entry: S^T[k, v] = bf(initial[n, h, v, k]) or 0, this warp's columns, then a
+        __syncwarp before the lanes read each other's words."""
+        cfg = self.config
+        NW = cfg.nw
+        NB = NW // 8
+        if cutlass.const_expr(cfg.ext and not cfg.segmented):
+            # state I/O by slot (state pool, or a plain state with slot = n): no entry slot -> 0
+            if in_slot >= 0:
+                _load_entry_state(p.init_ptr, Int64(in_slot) * p.slot_stride + h64 * Int64(D * D), region, lane,
+                                  col0, NB, NW, True, cfg.state_fp32)
+            else:
+                _load_entry_state(p.init_ptr, Int64(0), region, lane, col0, NB, NW, False, cfg.state_fp32)
+        else:
+            _load_entry_state(p.init_ptr, state_base, region, lane, col0, NB, NW, cfg.has_initial, cfg.state_fp32)
+        cute.arch.sync_warp()
 
-                # -------- Q2..Q4 per n-block
-                if cutlass.const_expr(not HOIST):
-                    a_inv, a_mqk, bs0, bs1 = _q2_q4_operands(sb, off_sq, g)
-                    ok0 = Int32(g < m)
-                    ok1 = Int32(g + 8 < m)
-                row0 = Int64(start + g) * H64 + h64
-                out_a0 = out_ptr + row0 * HEAD_ROW_BYTES + Int64(col0 + 2 * q) * 2
-                out_a1 = out_a0 + Int64(8) * H64 * HEAD_ROW_BYTES
-                if cutlass.const_expr(not HOIST):
-                    v_a0 = sb + K2_OFF_V + g * VSTR + (w * NW + 2 * q) * 2
-                u_frag = []
-                for nb in cutlass.range_constexpr(NB):
-                    if cutlass.const_expr(HOIST):
-                        v_words = lambda: v_pre[nb]  # noqa: E731
-                    else:  # read where Q2 needs them
-                        v_words = lambda: _v_words(v_a0, nb, ok0, ok1, VSTR)  # noqa: E731
-                    if cutlass.const_expr(accurate and ablation != 1):
-                        # r as hi + lo into INV r, U rounded once; out = bf(o1 + acc32(Mqk U)), one rounding
-                        ub = solve_u_fragment_accurate(acc_u[nb], v_words, bs0, bs1, a_inv, zero, ablation)
-                        u_frag.append(ub)
-                        o2 = mma_split(a_mqk, ub, zero)
-                        ow0 = pack_bf16x2(add_rn(acc_o[nb][0], o2[0]), add_rn(acc_o[nb][1], o2[1]))
-                        ow1 = pack_bf16x2(add_rn(acc_o[nb][2], o2[2]), add_rn(acc_o[nb][3], o2[3]))
-                    else:  # FlashKDA's Q2-Q4 (and the ablation kernel with only the state in fp32)
-                        ub = solve_u_fragment(acc_u[nb], v_words, bs0, bs1, a_inv, zero)
-                        u_frag.append((ub, None) if accurate else ub)
-                        o2 = mma_bf16_16816(a_mqk, ub, (zero, zero, zero, zero))
-                        o1r0, o1r1 = round_bf16x2(acc_o[nb][0], acc_o[nb][1])
-                        o1r2, o1r3 = round_bf16x2(acc_o[nb][2], acc_o[nb][3])
-                        o2r0, o2r1 = round_bf16x2(o2[0], o2[1])
-                        o2r2, o2r3 = round_bf16x2(o2[2], o2[3])
-                        ow0 = pack_bf16x2(add_rn(o1r0, o2r0), add_rn(o1r1, o2r1))
-                        ow1 = pack_bf16x2(add_rn(o1r2, o2r2), add_rn(o1r3, o2r3))
-                    stg_b32_if(out_a0 + 16 * nb, ow0, ok0)
-                    stg_b32_if(out_a1 + 16 * nb, ow1, ok1)
+    def state_registers(self, p: K2Params, region, lane, col0, state_base, g, q):
+        """(st_words, st): this lane's words of S^T at its Q5 C-fragment positions, kept in registers
+        across tiles: Q5 reads the old state from here instead of shared memory (the kernel is bound
+        by shared memory throughput) and still writes the new one there for Q1's ldmatrix. Same
+        values. st: numerics="accurate"'s fp32 master state (None otherwise); shared memory then keeps
+        only its bf16 copy, Q1's MMA operand (docs/numerics.md)."""
+        cfg = self.config
+        NB = cfg.nw // 8
+        st_words = []
+        for mb in range(D // 16):
+            for nb in range(NB):
+                w_a0 = region + 128 * (nb + NB * (2 * mb)) + 4 * lane
+                st_words.append(lds_b32(w_a0))
+                st_words.append(lds_b32(w_a0 + 128 * NB))
+        st = None
+        if cfg.accurate:
+            st = cute.make_rmem_tensor(32 * NB, Float32)
+            _load_master_state(st, st_words, p.init_ptr, state_base, col0, g, q, NB, cfg.has_initial and cfg.state_fp32)
+        return st_words, st
 
-                # -------- Q5: S^T = bf(fma(S^T, gamma, Kr^T U)), 8 m-blocks of 16 keys, Kr^T and
-                # gamma read P5 m-blocks ahead
-                q5_ops = []
-                for mb in cutlass.range_constexpr(min(P5, D // 16)):
-                    q5_ops.append(_q5_operands(sb, mb, off_kr, g))
-                for mb in cutlass.range_constexpr(D // 16):
-                    if cutlass.const_expr(mb + P5 < D // 16):
-                        q5_ops.append(_q5_operands(sb, mb + P5, off_kr, g))
-                    a_kr, gam0, gam1 = q5_ops[mb]
-                    for nb in cutlass.range_constexpr(NB):
-                        w_a0 = region + 128 * (nb + NB * (2 * mb)) + 4 * lane
-                        w_a1 = w_a0 + 128 * NB
-                        if cutlass.const_expr(accurate):
-                            ds = mma_split(a_kr, u_frag[nb], zero)
-                            wa, wb = state_f32_step(st, 4 * (nb + NB * mb), gam0, gam1, ds)
-                            sts_b32(w_a0, wa)
-                            sts_b32(w_a1, wb)
-                        else:
-                            ds = mma_bf16_16816(a_kr, u_frag[nb], (zero, zero, zero, zero))
-                            iw = 2 * (mb * NB + nb)
-                            st_words[iw], st_words[iw + 1] = state_words_step(st_words[iw], st_words[iw + 1],
-                                                                              gam0, gam1, ds)
-                            sts_b32(w_a0, st_words[iw])
-                            sts_b32(w_a1, st_words[iw + 1])
+    def q2_q4_operands(self, sb, off_sq, g, q, w, m):
+        """Q2-Q4's stage operands, read ahead of Q1 (schedule's hoist): the INV and Mqk A fragments,
+        bsig of rows g and g + 8, the row predicates and the v words of every n-block."""
+        NW = self.config.nw
+        VSTR = v_stride(self.config.value_block)
+        a_inv, a_mqk, bs0, bs1 = _q2_q4_operands(sb, off_sq, g)
+        ok0 = Int32(g < m)
+        ok1 = Int32(g + 8 < m)
+        v_a0 = sb + K2_OFF_V + g * VSTR + (w * NW + 2 * q) * 2
+        return a_inv, a_mqk, bs0, bs1, ok0, ok1, [_v_words(v_a0, nb, ok0, ok1, VSTR) for nb in range(NW // 8)]
 
-                # state writes visible to the whole warp before the next Q1; every thread releases
-                # its own stage reads (empty[s] counts 32 arrivals per MMA warp)
-                cute.arch.sync_warp()
-                cute.arch.mbarrier_arrive(empty + s)
-                if cutlass.const_expr(ext):
-                    # checkpoint (docs/state_pool.md): the state after a full tile that ends every C
-                    # tokens of its sequence, or at one of its given offsets
-                    ck_dst = checkpoint_target(ck_ptr, ck_every, ck_base, start, m, ck_targets, ck_stride, H64, h64)
-                    if ck_dst >= Int64(0):
-                        _store_exit_state(ck_ptr, ck_dst, region, lane, col0, NB, NW, final_fp32)
+    def q1(self, sb, region, off_a, off_sb, zero):
+        """Q1: the u and o1 accumulators, 8 sequential k-steps, operands read P1 k-steps ahead."""
+        NB = self.config.nw // 8
+        P1 = self.config.schedule[1]
+        acc_u = [[zero, zero, zero, zero] for _ in range(NB)]
+        acc_o = [[zero, zero, zero, zero] for _ in range(NB)]
+        q1_ops = []
+        b_pair = [None]  # NB == 1: the .x4.trans read of an even k-step serves the odd one too
+        for kb in range(min(P1, D // 16)):
+            q1_ops.append(_q1_operands(sb, region, kb, off_a, off_sb, NB, b_pair))
+        for kb in range(D // 16):
+            if kb + P1 < D // 16:
+                q1_ops.append(_q1_operands(sb, region, kb + P1, off_a, off_sb, NB, b_pair))
+            a_k, a_q, bfrags = q1_ops[kb]
+            for nb in range(NB):
+                acc_u[nb] = list(mma_bf16_16816(a_k, bfrags[nb], acc_u[nb]))
+                acc_o[nb] = list(mma_bf16_16816(a_q, bfrags[nb], acc_o[nb]))
+        return acc_u, acc_o
 
-            # -------- Q6 exit state
-            if cutlass.const_expr(has_final):
-                if slot >= 0:
-                    if cutlass.const_expr(ext):  # never accurate (the host entry asserts it)
-                        _store_exit_state(final_ptr, Int64(slot) * slot_stride + h64 * Int64(D * D), region, lane,
-                                          col0, NB, NW, final_fp32)
-                    elif cutlass.const_expr(accurate and final_fp32):
-                        _store_master_state(st, final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), col0, g, q, NB)
-                    else:  # bf16 (in accurate mode the shared copy is bf(master): the same values)
-                        _store_exit_state(final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), region, lane, col0, NB,
-                                          NW, final_fp32)
+    def q2_q4(self, p: K2Params, sb, acc_u, acc_o, hoisted, off_sq, g, q, w, m, start, col0, h64, H64, zero):
+        """Q2-Q4 per n-block: r, U (returned: the B fragments of Q5) and the output rows < m, as
+        predicated 4-byte stores. hoisted: q2_q4_operands' reads, or None to read them here."""
+        cfg = self.config
+        NW = cfg.nw
+        NB = NW // 8
+        VSTR = v_stride(cfg.value_block)
+        if hoisted is None:
+            a_inv, a_mqk, bs0, bs1 = _q2_q4_operands(sb, off_sq, g)
+            ok0 = Int32(g < m)
+            ok1 = Int32(g + 8 < m)
+        else:
+            a_inv, a_mqk, bs0, bs1, ok0, ok1, v_pre = hoisted
+        row0 = Int64(start + g) * H64 + h64
+        out_a0 = p.out_ptr + row0 * HEAD_ROW_BYTES + Int64(col0 + 2 * q) * 2
+        out_a1 = out_a0 + Int64(8) * H64 * HEAD_ROW_BYTES
+        if hoisted is None:
+            v_a0 = sb + K2_OFF_V + g * VSTR + (w * NW + 2 * q) * 2
+        u_frag = []
+        for nb in range(NB):
+            if hoisted is not None:
+                v_words = lambda: v_pre[nb]  # noqa: E731
+            else:  # read where Q2 needs them
+                v_words = lambda: _v_words(v_a0, nb, ok0, ok1, VSTR)  # noqa: E731
+            if cfg.accurate and cfg.ablation != 1:
+                # r as hi + lo into INV r, U rounded once; out = bf(o1 + acc32(Mqk U)), one rounding
+                ub = solve_u_fragment_accurate(acc_u[nb], v_words, bs0, bs1, a_inv, zero, cfg.ablation)
+                u_frag.append(ub)
+                o2 = mma_split(a_mqk, ub, zero)
+                ow0 = pack_bf16x2(add_rn(acc_o[nb][0], o2[0]), add_rn(acc_o[nb][1], o2[1]))
+                ow1 = pack_bf16x2(add_rn(acc_o[nb][2], o2[2]), add_rn(acc_o[nb][3], o2[3]))
+            else:  # FlashKDA's Q2-Q4 (and the ablation kernel with only the state in fp32)
+                ub = solve_u_fragment(acc_u[nb], v_words, bs0, bs1, a_inv, zero)
+                u_frag.append((ub, None) if cfg.accurate else ub)
+                o2 = mma_bf16_16816(a_mqk, ub, (zero, zero, zero, zero))
+                o1r0, o1r1 = round_bf16x2(acc_o[nb][0], acc_o[nb][1])
+                o1r2, o1r3 = round_bf16x2(acc_o[nb][2], acc_o[nb][3])
+                o2r0, o2r1 = round_bf16x2(o2[0], o2[1])
+                o2r2, o2r3 = round_bf16x2(o2[2], o2[3])
+                ow0 = pack_bf16x2(add_rn(o1r0, o2r0), add_rn(o1r1, o2r1))
+                ow1 = pack_bf16x2(add_rn(o1r2, o2r2), add_rn(o1r3, o2r3))
+            stg_b32_if(out_a0 + 16 * nb, ow0, ok0)
+            stg_b32_if(out_a1 + 16 * nb, ow1, ok1)
+        return u_frag
 
+    def q5(self, sb, region, lane, off_kr, g, u_frag, st, st_words, zero):
+        """Q5: S^T = bf(fma(S^T, gamma, Kr^T U)), 8 m-blocks of 16 keys, Kr^T and gamma read P5
+        m-blocks ahead; each new word into st_words (returned) and shared memory (for Q1)."""
+        cfg = self.config
+        NB = cfg.nw // 8
+        P5 = cfg.schedule[2]
+        q5_ops = []
+        for mb in range(min(P5, D // 16)):
+            q5_ops.append(_q5_operands(sb, mb, off_kr, g))
+        for mb in range(D // 16):
+            if mb + P5 < D // 16:
+                q5_ops.append(_q5_operands(sb, mb + P5, off_kr, g))
+            a_kr, gam0, gam1 = q5_ops[mb]
+            for nb in range(NB):
+                w_a0 = region + 128 * (nb + NB * (2 * mb)) + 4 * lane
+                w_a1 = w_a0 + 128 * NB
+                if cfg.accurate:
+                    ds = mma_split(a_kr, u_frag[nb], zero)
+                    wa, wb = state_f32_step(st, 4 * (nb + NB * mb), gam0, gam1, ds)
+                    sts_b32(w_a0, wa)
+                    sts_b32(w_a1, wb)
+                else:
+                    ds = mma_bf16_16816(a_kr, u_frag[nb], (zero, zero, zero, zero))
+                    iw = 2 * (mb * NB + nb)
+                    st_words[iw], st_words[iw + 1] = state_words_step(st_words[iw], st_words[iw + 1], gam0, gam1, ds)
+                    sts_b32(w_a0, st_words[iw])
+                    sts_b32(w_a1, st_words[iw + 1])
+        return st_words
 
-@cute.jit
-def k2_recurrence(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: cute.Pointer,
-                  ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer, ws_mqk: cute.Pointer,
-                  ws_bsig: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer, seq_order: cute.Pointer,
-                  initial_state: cute.Pointer, final_state: cute.Pointer, t_total: Int32, n_seq: Int32,
-                  n_heads: Int32, cap: Int32, v_stride_t: Int64, v_stride_h: Int64, stream: cuda.CUstream,
-                  has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
-                  state_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int],
-                  accurate: cutlass.Constexpr[bool] = False, ablation: cutlass.Constexpr[int] = 0):
-    """K2 host entry: out [T_total, H, 128] bf16, v read in place at token / head strides v_stride_t /
-    v_stride_h (elements; 16-byte aligned rows of 128), workspace regions (docs/kernel_abi.md), sequence
-    tables [n_seq + 1] int32, seq_order [n_seq] int32 (the dispatch order; null: sequence order),
-    states [n_seq, H, 128, 128] (V x K). t_total is not needed by the
-    kernel (every access is bounded by seq_start). accurate: numerics="accurate" (docs/numerics.md);
-    ablation: a partial accurate recipe, for the measurement only (recurrence_common.py, level)."""
-    assert value_block in (128, 64, 32)
-    table = cute.make_layout(n_seq + 1)
-    _k2_kernel(v.toint(), out.toint(), ws_qd.toint(), ws_kd.toint(), ws_kr.toint(), ws_gt.toint(),
-               ws_inv.toint(), ws_mqk.toint(), ws_bsig.toint(), cute.make_tensor(seq_start, table),
-               cute.make_tensor(tile_prefix, table), initial_state.toint(), final_state.toint(),
-               cute.make_tensor(seq_start, table), n_heads, cap,
-               Int64(0), Int64(0), Int32(0), Int64(0), Int32(0), cute.make_tensor(seq_start, table), n_seq,
-               seq_order.toint(), Int64(0), Int32(0), Int64(0), v_stride_t, v_stride_h,
-               has_initial, has_final, state_fp32, value_block, state_fp32, False, False, accurate, ablation).launch(
-        grid=(n_seq * n_heads, 1, D // value_block), block=(k2_threads(value_block, accurate, False), 1, 1), stream=stream,
-        use_pdl=True, **k2_launch_hint(value_block, accurate, False))
-
-
-@cute.jit
-def k2_segments(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: cute.Pointer,
-                ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer, ws_mqk: cute.Pointer,
-                ws_bsig: cute.Pointer, seg_start: cute.Pointer, seg_prefix: cute.Pointer,
-                carries: cute.Pointer, final_state: cute.Pointer, final_slot: cute.Pointer, t_total: Int32,
-                n_seg: Int32, n_heads: Int32, cap: Int32, v_stride_t: Int64, v_stride_h: Int64,
-                stream: cuda.CUstream,
-                final_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int],
-                accurate: cutlass.Constexpr[bool] = False):
-    """Segmented K2 of a CP call (docs/algorithm.md §4.5): K2 with segments in place of sequences, entry states
-    from the merge's fp32 carries [n_seg, H, 128, 128], and the exit state of segment j written to
-    final_state[final_slot[j]] (bf16 or fp32 [n_seq, H, 128, 128]) when final_slot[j] >= 0, i.e.
-    only by each sequence's last segment: no scratch and no gather kernel."""
-    assert value_block in (128, 64, 32)
-    table = cute.make_layout(n_seg + 1)
-    _k2_kernel(v.toint(), out.toint(), ws_qd.toint(), ws_kd.toint(), ws_kr.toint(), ws_gt.toint(),
-               ws_inv.toint(), ws_mqk.toint(), ws_bsig.toint(), cute.make_tensor(seg_start, table),
-               cute.make_tensor(seg_prefix, table), carries.toint(), final_state.toint(),
-               cute.make_tensor(final_slot, cute.make_layout(n_seg)), n_heads, cap,
-               Int64(0), Int64(0), Int32(0), Int64(0), Int32(0), cute.make_tensor(seg_start, table), n_seg,
-               Int64(0), Int64(0), Int32(0), Int64(0), v_stride_t, v_stride_h,
-               True, True, True, value_block, final_fp32, True, False, accurate, 0).launch(
-        grid=(n_seg * n_heads, 1, D // value_block), block=(k2_threads(value_block, accurate, True), 1, 1), stream=stream,
-        use_pdl=True, **k2_launch_hint(value_block, accurate, True))
+    @cute.jit
+    def store_exit_state(self, p: K2Params, region: Int32, lane: Int32, col0: Int32, g: Int32, q: Int32, h64: Int64,
+                         H64: Int64, slot: Int32, st):
+        """Q6 exit: written by each MMA warp for its own columns, even when the sequence has no tile."""
+        cfg = self.config
+        NW = cfg.nw
+        NB = NW // 8
+        if cutlass.const_expr(cfg.has_final):
+            if slot >= 0:
+                if cutlass.const_expr(cfg.ext):  # never accurate (K2Config asserts it)
+                    _store_exit_state(p.final_ptr, Int64(slot) * p.slot_stride + h64 * Int64(D * D), region, lane,
+                                      col0, NB, NW, cfg.final_fp32)
+                elif cutlass.const_expr(cfg.accurate and cfg.final_fp32):
+                    _store_master_state(st, p.final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), col0, g, q, NB)
+                else:  # bf16 (in accurate mode the shared copy is bf(master): the same values)
+                    _store_exit_state(p.final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), region, lane, col0,
+                                      NB, NW, cfg.final_fp32)
 
 
-@cute.jit
-def k2_ext(v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: cute.Pointer, ws_kr: cute.Pointer,
-           ws_gt: cute.Pointer, ws_inv: cute.Pointer, ws_mqk: cute.Pointer, ws_bsig: cute.Pointer,
-           seq_start: cute.Pointer, tile_prefix: cute.Pointer, seq_order: cute.Pointer, initial_state: cute.Pointer,
-           final_state: cute.Pointer, final_slot: cute.Pointer, state_index: cute.Pointer,
-           checkpoints: cute.Pointer, real_seq_start: cute.Pointer, slot_stride: Int64, n_pool: Int32,
-           checkpoint_every: Int32, n_real: Int32, checkpoint_table: cute.Pointer, checkpoint_k: Int32,
-           checkpoint_stride: Int64, t_total: Int32, n_seq: Int32, n_heads: Int32, cap: Int32, v_stride_t: Int64,
-           v_stride_h: Int64, stream: cuda.CUstream, segments: cutlass.Constexpr[bool], state_fp32: cutlass.Constexpr[bool],
-           final_fp32: cutlass.Constexpr[bool], value_block: cutlass.Constexpr[int]):
-    """K2 with state I/O by slot and checkpoints (docs/state_pool.md), serial (segments=False) or
-    segmented (segments=True: entry states from the fp32 carries, the final state of sequence
-    final_slot[j] written by its last segment j).
+class K2Serial(K2Recurrence):
+    """Serial K2 (registry entry k2_recurrence): a sequence per CTA, its state I/O as the constants say."""
 
-    States are rows of a pool [n_pool slots, H, 128, 128] with slot stride `slot_stride` elements:
-    sequence n reads and writes slot state_index[n] (slot n when state_index is null); a slot
-    outside [0, n_pool) is neither read (entry 0) nor written. A null initial_state / final_state
-    means no entry read / no final write. checkpoints (null: none) is the checkpoint destination.
-    checkpoint_every = C > 0: [T // C, H, 128, 128] receives, for every full tile ending at token e
-    with (e - start of its sequence) % C == 0, the state at slot e // C - 1. checkpoint_every = 0
-    and checkpoint_k = K in {1, 2}: checkpoint_table int32 [n_real, K, 2] (checkpoint_table.py)
-    gives each sequence's cleaned offsets and destination slots, checkpoint_stride the elements
-    per destination slot. real_seq_start [n_real + 1] (the sequence tables) tells a segment where
-    its sequence starts and which it is. v is read at token / head strides v_stride_t / v_stride_h. seq_order [n_seq] (null: sequence order) is the dispatch order of the serial
-    call's sequences."""
-    assert value_block in (128, 64, 32)
-    table = cute.make_layout(n_seq + 1)
-    _k2_kernel(v.toint(), out.toint(), ws_qd.toint(), ws_kd.toint(), ws_kr.toint(), ws_gt.toint(),
-               ws_inv.toint(), ws_mqk.toint(), ws_bsig.toint(), cute.make_tensor(seq_start, table),
-               cute.make_tensor(tile_prefix, table), initial_state.toint(), final_state.toint(),
-               cute.make_tensor(final_slot, cute.make_layout(n_seq)), n_heads, cap,
-               state_index.toint(), slot_stride, n_pool, checkpoints.toint(), checkpoint_every,
-               cute.make_tensor(real_seq_start, cute.make_layout(n_real + 1)), n_real, seq_order.toint(),
-               checkpoint_table.toint(), checkpoint_k, checkpoint_stride, v_stride_t, v_stride_h,
-               True, True, state_fp32, value_block, final_fp32, segments, True, False, 0).launch(
-        grid=(n_seq * n_heads, 1, D // value_block), block=(k2_threads(value_block, False, segments), 1, 1), stream=stream,
-        use_pdl=True, **k2_launch_hint(value_block, False, segments))
+    def __init__(self, has_initial: bool, has_final: bool, state_fp32: bool, value_block: int,
+                 accurate: bool = False, ablation: int = 0):
+        super().__init__(K2Config(value_block, accurate, False, has_initial, has_final, state_fp32, state_fp32,
+                                  ablation=ablation))
+
+    @cute.jit
+    def __call__(self, v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: cute.Pointer,
+                 ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer, ws_mqk: cute.Pointer,
+                 ws_bsig: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer, seq_order: cute.Pointer,
+                 initial_state: cute.Pointer, final_state: cute.Pointer, t_total: Int32, n_seq: Int32,
+                 n_heads: Int32, cap: Int32, v_stride_t: Int64, v_stride_h: Int64, stream: cuda.CUstream):
+        """K2 host entry: out [T_total, H, 128] bf16, v read in place at token / head strides v_stride_t /
+        v_stride_h (elements; 16-byte aligned rows of 128), workspace regions (docs/kernel_abi.md), sequence
+        tables [n_seq + 1] int32, seq_order [n_seq] int32 (the dispatch order; null: sequence order),
+        states [n_seq, H, 128, 128] (V x K). t_total is not needed by the
+        kernel (every access is bounded by seq_start)."""
+        self._launch(k2_params(v, out, (ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk, ws_bsig), seq_start, tile_prefix,
+                               n_seq, n_heads, cap, v_stride_t, v_stride_h, initial_state, final_state,
+                               seq_order=seq_order),
+                     n_seq, n_heads, stream)
+
+
+class K2Segments(K2Recurrence):
+    """Segmented K2 of a CP call (registry entry k2_segments; docs/algorithm.md §4.5)."""
+
+    def __init__(self, final_fp32: bool, value_block: int, accurate: bool = False):
+        super().__init__(K2Config(value_block, accurate, True, True, True, True, final_fp32))
+
+    @cute.jit
+    def __call__(self, v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: cute.Pointer,
+                 ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer, ws_mqk: cute.Pointer,
+                 ws_bsig: cute.Pointer, seg_start: cute.Pointer, seg_prefix: cute.Pointer,
+                 carries: cute.Pointer, final_state: cute.Pointer, final_slot: cute.Pointer, t_total: Int32,
+                 n_seg: Int32, n_heads: Int32, cap: Int32, v_stride_t: Int64, v_stride_h: Int64,
+                 stream: cuda.CUstream):
+        """K2 with segments in place of sequences, entry states from the merge's fp32 carries
+        [n_seg, H, 128, 128], and the exit state of segment j written to final_state[final_slot[j]]
+        (bf16 or fp32 [n_seq, H, 128, 128]) when final_slot[j] >= 0, i.e. only by each sequence's
+        last segment: no scratch and no gather kernel."""
+        self._launch(k2_params(v, out, (ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk, ws_bsig), seg_start, seg_prefix,
+                               n_seg, n_heads, cap, v_stride_t, v_stride_h, carries, final_state,
+                               final_slot=final_slot),
+                     n_seg, n_heads, stream)
+
+
+class K2Ext(K2Recurrence):
+    """K2 with state I/O by slot and checkpoints (registry entry k2_ext; docs/state_pool.md),
+    serial (segments=False) or segmented (segments=True: entry states from the fp32 carries, the
+    final state of sequence final_slot[j] written by its last segment j)."""
+
+    def __init__(self, segments: bool, state_fp32: bool, final_fp32: bool, value_block: int):
+        super().__init__(K2Config(value_block, False, segments, True, True, state_fp32, final_fp32, ext=True))
+
+    @cute.jit
+    def __call__(self, v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: cute.Pointer,
+                 ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer, ws_mqk: cute.Pointer,
+                 ws_bsig: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer, seq_order: cute.Pointer,
+                 initial_state: cute.Pointer, final_state: cute.Pointer, final_slot: cute.Pointer,
+                 state_index: cute.Pointer, checkpoints: cute.Pointer, real_seq_start: cute.Pointer,
+                 slot_stride: Int64, n_pool: Int32, checkpoint_every: Int32, n_real: Int32,
+                 checkpoint_table: cute.Pointer, checkpoint_k: Int32, checkpoint_stride: Int64, t_total: Int32,
+                 n_seq: Int32, n_heads: Int32, cap: Int32, v_stride_t: Int64, v_stride_h: Int64,
+                 stream: cuda.CUstream):
+        """States are rows of a pool [n_pool slots, H, 128, 128] with slot stride `slot_stride` elements:
+        sequence n reads and writes slot state_index[n] (slot n when state_index is null); a slot
+        outside [0, n_pool) is neither read (entry 0) nor written. A null initial_state / final_state
+        means no entry read / no final write. checkpoints (null: none) is the checkpoint destination.
+        checkpoint_every = C > 0: [T // C, H, 128, 128] receives, for every full tile ending at token e
+        with (e - start of its sequence) % C == 0, the state at slot e // C - 1. checkpoint_every = 0
+        and checkpoint_k = K in {1, 2}: checkpoint_table int32 [n_real, K, 2] (checkpoint_table.py)
+        gives each sequence's cleaned offsets and destination slots, checkpoint_stride the elements
+        per destination slot. real_seq_start [n_real + 1] (the sequence tables) tells a segment where
+        its sequence starts and which it is. v is read at token / head strides v_stride_t / v_stride_h.
+        seq_order [n_seq] (null: sequence order) is the dispatch order of the serial call's sequences."""
+        self._launch(k2_params(v, out, (ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk, ws_bsig), seq_start, tile_prefix,
+                               n_seq, n_heads, cap, v_stride_t, v_stride_h, initial_state, final_state,
+                               final_slot=final_slot, seq_order=seq_order, state_index=state_index,
+                               slot_stride=slot_stride, n_pool=n_pool, checkpoints=checkpoints,
+                               checkpoint_every=checkpoint_every, real_seq_start=real_seq_start, n_real=n_real,
+                               checkpoint_table=checkpoint_table, checkpoint_k=checkpoint_k,
+                               checkpoint_stride=checkpoint_stride),
+                     n_seq, n_heads, stream)
+
+
+# The registry's entry names (the manifest's, which the runtime looks variants up by): each is the
+# class whose __call__ is that host entry, configured from the variant's constants (compile.py).
+k2_recurrence, k2_segments, k2_ext = K2Serial, K2Segments, K2Ext

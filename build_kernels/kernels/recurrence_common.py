@@ -7,6 +7,8 @@ bit-identical to K2 (docs/algorithm.md §4.6 item 2), which holds because both t
 pre_scan keeps its own stage layout (offsets, fixed transaction bytes), and each kernel its body.
 """
 
+from typing import Any, NamedTuple
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
@@ -58,17 +60,98 @@ def k2_stage_bytes(vb: int) -> int:
     return (K2_OFF_V + CHUNK * v_stride(vb) + 127) // 128 * 128
 
 
-def k2_tile_source(tok0, tok_end, h64, v_st, v_sh, cap, tile0, vblk, VB: int, v_ptr, qd_ptr, kd_ptr, kr_ptr,
-                   gt_ptr, inv_ptr, mqk_ptr, bsig_ptr):
+def k2_tile_source(seq, p, h64, vblk, VB: int):
     """The arguments of produce_tile(s) after the ring and the tile index: where tile j of this
-    CTA's (sequence, head) comes from, and K2's stage layout. v is read in place with its token and
-    head strides v_st, v_sh (elements, Int64; rows of 128 contiguous 16-byte aligned values)."""
-    return (tok0, tok_end, h64 * Int64(cap) + Int64(tile0),
-            v_ptr + h64 * v_sh * 2 + Int64(vblk * (VB * 2)), v_st * 2,
-            ((K2_OFF_QD, qd_ptr), (K2_OFF_KD, kd_ptr), (K2_OFF_KR, kr_ptr)),
-            ((K2_OFF_GT, gt_ptr, GT_BYTES), (K2_OFF_INV, inv_ptr, SQ_BYTES), (K2_OFF_MQK, mqk_ptr, SQ_BYTES),
-             (K2_OFF_BSIG, bsig_ptr, BSIG_BYTES)),
+    CTA's (sequence, head) comes from (seq: SequenceTiles, p: K2Params), and K2's stage layout. v is
+    read in place with its token and head strides v_st, v_sh (elements, Int64; rows of 128 contiguous
+    16-byte aligned values)."""
+    return (seq.tok0, seq.tok_end, h64 * Int64(p.cap) + Int64(seq.tile0),
+            p.v_ptr + h64 * p.v_sh * 2 + Int64(vblk * (VB * 2)), p.v_st * 2,
+            ((K2_OFF_QD, p.qd_ptr), (K2_OFF_KD, p.kd_ptr), (K2_OFF_KR, p.kr_ptr)),
+            ((K2_OFF_GT, p.gt_ptr, GT_BYTES), (K2_OFF_INV, p.inv_ptr, SQ_BYTES), (K2_OFF_MQK, p.mqk_ptr, SQ_BYTES),
+             (K2_OFF_BSIG, p.bsig_ptr, BSIG_BYTES)),
             k2_stage_bytes(VB), K2_OFF_V, v_stride(VB), K2_FIXED_TX, VB * 2)
+
+
+class K2Params(NamedTuple):
+    """The parameters of both K2 kernels (k2_recurrence.py, k2_regstate.py) in the order of their
+    PTX .param lists: device pointers as Int64, the sequence (or segment) tables as tensors. Every
+    mode passes all of them: a null pointer or a zero stands for what a mode has not, and the
+    kernel reads it at run time (order_ptr, ck_ptr) or never (ext off). Making the absent ones
+    compile-time None would drop them from the .param list and change the PTX, so the kernels keep
+    this list; k2_params is the one place that fills it in."""
+
+    v_ptr: Any
+    out_ptr: Any
+    qd_ptr: Any
+    kd_ptr: Any
+    kr_ptr: Any
+    gt_ptr: Any
+    inv_ptr: Any
+    mqk_ptr: Any
+    bsig_ptr: Any
+    mStart: Any  # [n + 1] token offsets of the sequences (or CP segments)
+    mPrefix: Any  # [n + 1] their first global tiles
+    init_ptr: Any  # entry states (or the CP carries)
+    final_ptr: Any
+    mSlot: Any  # [n] final_slot of the segments (a segmented K2), else mStart unread
+    n_heads: Any
+    cap: Any
+    idx_ptr: Any  # state_index (ext; null: slot n)
+    slot_stride: Any
+    n_pool: Any
+    ck_ptr: Any  # checkpoint destination (ext; null: none)
+    ck_every: Any
+    mSeqStart: Any  # [n_real + 1] the real sequences' starts (a segmented ext K2), else mStart
+    n_real: Any
+    order_ptr: Any  # seq_order (null: the sequence order)
+    ck_tab: Any
+    ck_k: Any
+    ck_stride: Any
+    v_st: Any
+    v_sh: Any
+
+
+def _address(ptr):
+    return Int64(0) if ptr is None else ptr.toint()
+
+
+def k2_params(v, out, workspace: tuple, seq_start, tile_prefix, n_seq, n_heads, cap, v_stride_t, v_stride_h,
+              initial_state, final_state, final_slot=None, seq_order=None, state_index=None, slot_stride=None,
+              n_pool=None, checkpoints=None, checkpoint_every=None, real_seq_start=None, n_real=None,
+              checkpoint_table=None, checkpoint_k=None, checkpoint_stride=None) -> K2Params:
+    """A K2 host entry's arguments as the kernel's parameters (host side, traced inline): workspace
+    is (ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk, ws_bsig); what a mode does not pass (None) is
+    a null pointer or a zero, and its sequence tables stand for the absent ones."""
+    table = cute.make_layout(n_seq + 1)
+    m_start = cute.make_tensor(seq_start, table)
+    m_slot = m_start if final_slot is None else cute.make_tensor(final_slot, cute.make_layout(n_seq))
+    m_seq_start = m_start if real_seq_start is None else cute.make_tensor(real_seq_start,
+                                                                             cute.make_layout(n_real + 1))
+    return K2Params(v.toint(), out.toint(), *(w.toint() for w in workspace), m_start,
+                    cute.make_tensor(tile_prefix, table), initial_state.toint(), final_state.toint(), m_slot,
+                    n_heads, cap, _address(state_index), Int64(0) if slot_stride is None else slot_stride,
+                    Int32(0) if n_pool is None else n_pool, _address(checkpoints),
+                    Int32(0) if checkpoint_every is None else checkpoint_every, m_seq_start,
+                    n_seq if n_real is None else n_real, _address(seq_order), _address(checkpoint_table),
+                    Int32(0) if checkpoint_k is None else checkpoint_k,
+                    Int64(0) if checkpoint_stride is None else checkpoint_stride, v_stride_t, v_stride_h)
+
+
+class SequenceTiles(NamedTuple):
+    """Where a K2 CTA's sequence (or CP segment) lies, as flash-attention's SeqlenInfo: tokens
+    [tok0, tok_end), global tiles tile0 .. tile0 + ntiles - 1 (docs/kernel_abi.md). The kernels read
+    the tile prefix first (it decides whether the CTA has work) and the token offsets once it has."""
+
+    tok0: Any
+    tok_end: Any
+    tile0: Any
+    ntiles: Any
+
+    def tile(self, i):
+        """(first token, valid rows m <= CHUNK) of the sequence's tile i."""
+        start = self.tok0 + i * CHUNK
+        return start, cutlass.min(self.tok_end - start, CHUNK)
 
 
 @cute.jit
@@ -97,7 +180,12 @@ def alloc_ring(smem, stage_size: int):
     """The stage ring of K2 and pre_scan in shared memory, allocated first: 2 * STAGES mbarriers
     (full[s], then empty[s]) and STAGES stages of stage_size bytes (each kernel has its own stage
     layout). Returns (full, empty, buffer address); init_ring initialises the barriers once the
-    kernel's other buffers are allocated."""
+    kernel's other buffers are allocated.
+
+    Hand-rolled rather than the DSL's pipeline.PipelineTmaAsync, which would change the PTX and the
+    protocol (module docstrings of the kernels): it arms full[s] with a transaction count fixed at
+    creation, where a tile's bytes depend on its valid rows m, and releases empty[s] from one
+    signalling thread per consumer warp, where every MMA thread arrives (docs/sanitizers.md)."""
     bars = smem.allocate_array(Int64, 2 * STAGES, byte_alignment=8)
     buf = smem.allocate(STAGES * stage_size, byte_alignment=128)
     return bars, bars + STAGES, buf.toint()

@@ -18,9 +18,10 @@ from .ptx_ops import (add_rn, fma_rn, ldg_b32, ldg_b32_if, ldg_f32_pair_bf16_if,
                       round_bf16x2, smem_desc, stg_b32, stg_b32_if, stg_v2_f32, sub_rn, unpack_bf16x2, wgmma_commit,
                       wgmma_fence, wgmma_m64n16k16_rs, wgmma_m64n128k16_rs_mn, wgmma_wait)
 from .recurrence_common import (HEAD_ROW_BYTES, K2_OFF_BSIG, K2_OFF_GT, K2_OFF_INV, K2_OFF_KD, K2_OFF_KR,
-                                K2_OFF_MQK, K2_OFF_QD, K2_OFF_V, STAGES, k2_stage_bytes, v_stride)
+                                K2_OFF_MQK, K2_OFF_QD, K2_OFF_V, STAGES, K2Params, SequenceTiles, k2_stage_bytes,
+                                v_stride)
 from .state_io import checkpoint_target, checkpoint_targets, sequence_start_of
-from .tile_ops import CHUNK, D
+from .tile_ops import D
 
 # The stage is K2's (recurrence_common, K2_OFF_*), K1's images as they are. Kd and Qd are K-major
 # wgmma B operands (k16 step kb at + 512 kb; 256 bytes between the two 8-key halves, 128 between
@@ -78,14 +79,13 @@ def _lane_layout(warp, lane, vblk, n, h64, H64, VB: int):
     return wg, wl, g, q, r0, col_wg, state_base, off_sq
 
 
-def _next_tile(i, full, buf_addr, SB: int, tok0, tok_end):
-    """Tile i from the ring, both recipes (emitted inline): wait until its stage is full; (stage,
-    its shared address, first token, valid rows)."""
+def _next_tile(i, full, buf_addr, SB: int, seq):
+    """Tile i of the sequence (SequenceTiles) from the ring, both recipes (emitted inline): wait until
+    its stage is full; (stage, its shared address, first token, valid rows)."""
     s = i % STAGES
     cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
     sb = buf_addr + s * SB
-    start = tok0 + i * CHUNK
-    return s, sb, start, cutlass.min(tok_end - start, CHUNK)
+    return (s, sb) + seq.tile(i)
 
 
 def _q1_chains(a_s, sb, zero):
@@ -127,42 +127,87 @@ def _stage_operands(sb, off_sq, q, wg, r0, m, VSTR: int):
     return f_inv, f_mqk, bs, vv, gam
 
 
+def _q2_q3(acc_u, vv, bs, f_inv, zero):
+    """Q2 and Q3 of FlashKDA's recipe (emitted inline): r^T = bf(bf(v^T - bf(u^T)) * bsig) on u^T's
+    accumulator, then U^T = bf(acc32(r^T INV^T)) for token blocks 0 and 1; returns U^T's A fragment.
+    A-fragment word 2 j + hp of r^T is (value row r0 + 8 hp, tokens 8 j + 2q, + 1), accumulator
+    elements 4 j + 2 hp, + 1."""
+    a_r = []
+    for j in range(2):
+        for hp in range(2):
+            c = 4 * j + 2 * hp
+            u0, u1 = round_bf16x2(acc_u[c], acc_u[c + 1])
+            d0, d1 = round_bf16x2(sub_rn(vv[c], u0), sub_rn(vv[c + 1], u1))
+            a_r.append(pack_bf16x2(mul_rn(d0, bs[2 * j]), mul_rn(d1, bs[2 * j + 1])))
+    uu = list(mma_bf16_16816(a_r, (f_inv[0], f_inv[2]), (zero, zero, zero, zero))) + \
+        list(mma_bf16_16816(a_r, (f_inv[1], f_inv[3]), (zero, zero, zero, zero)))
+    return [pack_bf16x2(uu[4 * j + 2 * hp], uu[4 * j + 2 * hp + 1]) for j in range(2) for hp in range(2)]
+
+
+def _q5_chain(a_u, a_s, acc_o, sb, zero):
+    """Q5's product, both recipes (emitted inline): acc32(U^T Kr) as one m64n128k16, then the wait
+    for it and for o1's chain. Returns (a_u, a_s, d5, acc_o) as the wait hands them back."""
+    a_u, d5 = wgmma_fence(a_u, [zero] * 64)
+    d5 = wgmma_m64n128k16_rs_mn(d5, a_u, smem_desc(sb + K2_OFF_KR, 128, 256))
+    wgmma_commit()
+    words, floats = wgmma_wait(0, a_u + a_s, d5 + acc_o)  # Q5 and o1's chain done
+    return words[:4], words[4:], floats[:64], floats[64:]
+
+
+def _q4_store(out_ptr, a_u, f_mqk, acc_o, start, m, g, q, wl, col_wg, h64, H64, zero, accurate: bool):
+    """Q4, both recipes (emitted inline): o2^T = acc32(U^T Mqk^T) for token blocks 0 and 1, out =
+    bf(bf(o1) + bf(o2)) (FlashKDA) or bf(o1 + o2) (accurate: one rounding). Word (j, hp) holds (value
+    row r0 + 8 hp, tokens 8 j + 2q, + 1); movmatrix makes it (token 8 j + g, value rows 16 wl + 8 hp
+    + 2q, + 1), one 4-byte store of a token row as K2 stores them, rows < m only."""
+    o2 = list(mma_bf16_16816(a_u, (f_mqk[0], f_mqk[2]), (zero, zero, zero, zero))) + \
+        list(mma_bf16_16816(a_u, (f_mqk[1], f_mqk[3]), (zero, zero, zero, zero)))
+    for j in range(2):
+        row = Int64(start + 8 * j + g) * H64 + h64
+        ok = Int32(8 * j + g < m)
+        for hp in range(2):
+            c = 4 * j + 2 * hp
+            if accurate:
+                word = movmatrix_t(pack_bf16x2(add_rn(acc_o[c], o2[c]), add_rn(acc_o[c + 1], o2[c + 1])))
+            else:
+                o1a, o1b = round_bf16x2(acc_o[c], acc_o[c + 1])
+                o2a, o2b = round_bf16x2(o2[c], o2[c + 1])
+                word = movmatrix_t(pack_bf16x2(add_rn(o1a, o2a), add_rn(o1b, o2b)))
+            col = col_wg + 16 * wl + 8 * hp + 2 * q
+            stg_b32_if(out_ptr + row * HEAD_ROW_BYTES + Int64(col) * 2, word, ok)
+
+
 @cute.jit
-def mma_warpgroups(warp: Int32, lane: Int32, vblk: Int32, n: Int32, h64: Int64, H64: Int64, tok0: Int32,
-                   tok_end: Int32, ntiles: Int32, full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32,
-                   out_ptr: Int64, init_ptr: Int64, final_ptr: Int64, slot: Int32, in_slot: Int32,
-                   slot_stride: Int64, ck_ptr: Int64, ck_every: Int32, mSeqStart: cute.Tensor, n_real: Int32,
-                   ck_tab: Int64, ck_k: Int32, ck_stride: Int64, has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
-                   state_fp32: cutlass.Constexpr[bool], VB: cutlass.Constexpr[int],
-                   final_fp32: cutlass.Constexpr[bool], final_slots: cutlass.Constexpr[bool],
-                   ext: cutlass.Constexpr[bool]):
+def mma_warpgroups(cfg, p: K2Params, seq: SequenceTiles, warp: Int32, lane: Int32, vblk: Int32, n: Int32, h64: Int64,
+                   H64: Int64, full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, slot: Int32, in_slot: Int32):
     """The MMA warps' whole part of a register-state K2 CTA (warp < 4 VB / 64): every tile of its
     (sequence or segment, head) from the ring, in order; the modes and state I/O of K2's kernel
-    (k2_recurrence._k2_kernel). Each thread arrives once on empty[s] per tile it has consumed."""
+    (cfg: k2_regstate.RegstateConfig; p: the kernel's parameters). Each thread arrives once on
+    empty[s] per tile it has consumed."""
+    VB = cfg.value_block
     VSTR = v_stride(VB)
     SB = k2_stage_bytes(VB)
     wg, wl, g, q, r0, col_wg, state_base, off_sq = _lane_layout(warp, lane, vblk, n, h64, H64, VB)
     zero = Float32(0.0)
 
-    ck_base = tok0  # checkpoints count tokens from the start of the CTA's sequence
+    ck_base = seq.tok0  # checkpoints count tokens from the start of the CTA's sequence
     ck_seq = n
-    if cutlass.const_expr(ext and final_slots):
-        ck_base, ck_seq = sequence_start_of(tok0, ck_ptr, mSeqStart, n_real)
-    if cutlass.const_expr(ext):
-        ck_targets = checkpoint_targets(ck_ptr, ck_tab, ck_k, ck_seq)
+    if cutlass.const_expr(cfg.ext and cfg.segmented):
+        ck_base, ck_seq = sequence_start_of(seq.tok0, p.ck_ptr, p.mSeqStart, p.n_real)
+    if cutlass.const_expr(cfg.ext):
+        ck_targets = checkpoint_targets(p.ck_ptr, p.ck_tab, p.ck_k, ck_seq)
 
     # -------- Q6 entry: the state as Q1's A fragments, a_s[4 kb + e]; bf(initial) or 0
-    if cutlass.const_expr(ext and not final_slots):
+    if cutlass.const_expr(cfg.ext and not cfg.segmented):
         # by slot (state pool, or a plain state with slot = n): no entry slot -> 0
-        a_s = _load_state(init_ptr, Int64(cutlass.max(in_slot, 0)) * slot_stride + h64 * Int64(D * D),
-                          Int32(in_slot >= 0), col_wg, r0, q, state_fp32)
-    elif cutlass.const_expr(has_initial):
-        a_s = _load_state(init_ptr, state_base, Int32(1), col_wg, r0, q, state_fp32)
+        a_s = _load_state(p.init_ptr, Int64(cutlass.max(in_slot, 0)) * p.slot_stride + h64 * Int64(D * D),
+                          Int32(in_slot >= 0), col_wg, r0, q, cfg.state_fp32)
+    elif cutlass.const_expr(cfg.has_initial):
+        a_s = _load_state(p.init_ptr, state_base, Int32(1), col_wg, r0, q, cfg.state_fp32)
     else:
         a_s = [Int32(0)] * 32
 
-    for i in cutlass.range(ntiles, unroll=1):
-        s, sb, start, m = _next_tile(i, full, buf_addr, SB, tok0, tok_end)
+    for i in cutlass.range(seq.ntiles, unroll=1):
+        s, sb, start, m = _next_tile(i, full, buf_addr, SB, seq)
 
         # -------- Q1: u^T's chain, then o1^T's, each its own commit group
         a_s, acc_u, acc_o = _q1_chains(a_s, sb, zero)
@@ -171,31 +216,10 @@ def mma_warpgroups(warp: Int32, lane: Int32, vblk: Int32, n: Int32, h64: Int64, 
         f_inv, f_mqk, bs, vv, gam = _stage_operands(sb, off_sq, q, wg, r0, m, VSTR)
 
         acc_u = wgmma_wait(1, [], acc_u)[1]  # u^T's group done (o1's may still run)
-
-        # -------- Q2 on u^T's accumulator: A-fragment word 2 j + hp of r^T is (value row
-        # r0 + 8 hp, tokens 8 j + 2q, + 1), accumulator elements 4 j + 2 hp, + 1
-        a_r = []
-        for j in cutlass.range_constexpr(2):
-            for hp in cutlass.range_constexpr(2):
-                c = 4 * j + 2 * hp
-                u0, u1 = round_bf16x2(acc_u[c], acc_u[c + 1])
-                d0, d1 = round_bf16x2(sub_rn(vv[c], u0), sub_rn(vv[c + 1], u1))
-                a_r.append(pack_bf16x2(mul_rn(d0, bs[2 * j]), mul_rn(d1, bs[2 * j + 1])))
-
-        # -------- Q3: U^T = bf(acc32(r^T INV^T)), token blocks 0 and 1
-        uu = list(mma_bf16_16816(a_r, (f_inv[0], f_inv[2]), (zero, zero, zero, zero))) + \
-            list(mma_bf16_16816(a_r, (f_inv[1], f_inv[3]), (zero, zero, zero, zero)))
-        a_u = [pack_bf16x2(uu[4 * j + 2 * hp], uu[4 * j + 2 * hp + 1]) for j in range(2) for hp in range(2)]
-
+        # -------- Q2, Q3: U^T = bf(acc32(r^T INV^T))
+        a_u = _q2_q3(acc_u, vv, bs, f_inv, zero)
         # -------- Q5: S = bf(fma(S, gamma, acc32(U^T Kr))), one m64n128k16
-        a_u, d5 = wgmma_fence(a_u, [zero] * 64)
-        d5 = wgmma_m64n128k16_rs_mn(d5, a_u, smem_desc(sb + K2_OFF_KR, 128, 256))
-        wgmma_commit()
-        words, floats = wgmma_wait(0, a_u + a_s, d5 + acc_o)  # Q5 and o1's chain done
-        a_u = words[:4]
-        a_s = words[4:]
-        d5 = floats[:64]
-        acc_o = floats[64:]
+        a_u, a_s, d5, acc_o = _q5_chain(a_u, a_s, acc_o, sb, zero)
         # accumulator element 8 kb + 2 e + x sits where half x of a_s[4 kb + e] does
         for kb in cutlass.range_constexpr(D // 16):
             for e in cutlass.range_constexpr(4):
@@ -203,41 +227,27 @@ def mma_warpgroups(warp: Int32, lane: Int32, vblk: Int32, n: Int32, h64: Int64, 
                 gi = 4 * kb + 2 * (e >> 1)
                 a_s[4 * kb + e] = pack_bf16x2(fma_rn(s0, gam[gi], d5[8 * kb + 2 * e]),
                                               fma_rn(s1, gam[gi + 1], d5[8 * kb + 2 * e + 1]))
-
-        # -------- Q4: out = bf(bf(o1) + bf(acc32(Mqk U))), off the chain. Word (j, hp) holds
-        # (value row r0 + 8 hp, tokens 8 j + 2q, + 1); movmatrix makes it (token 8 j + g, value
-        # rows 16 wl + 8 hp + 2q, + 1), one 4-byte store of a token row as K2 stores them
-        o2 = list(mma_bf16_16816(a_u, (f_mqk[0], f_mqk[2]), (zero, zero, zero, zero))) + \
-            list(mma_bf16_16816(a_u, (f_mqk[1], f_mqk[3]), (zero, zero, zero, zero)))
-        for j in cutlass.range_constexpr(2):
-            row = Int64(start + 8 * j + g) * H64 + h64
-            ok = Int32(8 * j + g < m)
-            for hp in cutlass.range_constexpr(2):
-                c = 4 * j + 2 * hp
-                o1a, o1b = round_bf16x2(acc_o[c], acc_o[c + 1])
-                o2a, o2b = round_bf16x2(o2[c], o2[c + 1])
-                word = movmatrix_t(pack_bf16x2(add_rn(o1a, o2a), add_rn(o1b, o2b)))
-                col = col_wg + 16 * wl + 8 * hp + 2 * q
-                stg_b32_if(out_ptr + row * HEAD_ROW_BYTES + Int64(col) * 2, word, ok)
+        # -------- Q4, off the chain: out = bf(bf(o1) + bf(acc32(Mqk U)))
+        _q4_store(p.out_ptr, a_u, f_mqk, acc_o, start, m, g, q, wl, col_wg, h64, H64, zero, False)
 
         # every thread releases its own stage reads; the wgmmas' are complete (wait 0 above)
         cute.arch.mbarrier_arrive(empty + s)
-        if cutlass.const_expr(ext):
+        if cutlass.const_expr(cfg.ext):
             # checkpoint (docs/state_pool.md): the state after a full tile that ends every C tokens
             # of its sequence, or at one of its given offsets
-            ck_dst = checkpoint_target(ck_ptr, ck_every, ck_base, start, m, ck_targets, ck_stride, H64, h64)
+            ck_dst = checkpoint_target(p.ck_ptr, p.ck_every, ck_base, start, m, ck_targets, p.ck_stride, H64, h64)
             if ck_dst >= Int64(0):
-                _store_state(ck_ptr, ck_dst, a_s, col_wg, r0, q, final_fp32)
+                _store_state(p.ck_ptr, ck_dst, a_s, col_wg, r0, q, cfg.final_fp32)
 
     # -------- Q6 exit: bf16 as is, or fp32 exactly widened
-    if cutlass.const_expr(has_final):
+    if cutlass.const_expr(cfg.has_final):
         if slot >= 0:
-            if cutlass.const_expr(ext):
-                _store_state(final_ptr, Int64(slot) * slot_stride + h64 * Int64(D * D), a_s, col_wg, r0, q,
-                             final_fp32)
+            if cutlass.const_expr(cfg.ext):
+                _store_state(p.final_ptr, Int64(slot) * p.slot_stride + h64 * Int64(D * D), a_s, col_wg, r0, q,
+                             cfg.final_fp32)
             else:
-                _store_state(final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), a_s, col_wg, r0, q,
-                             final_fp32)
+                _store_state(p.final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), a_s, col_wg, r0, q,
+                             cfg.final_fp32)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -274,12 +284,9 @@ def _store_master(ptr, base, st, col_wg, r0, q):
 
 
 @cute.jit
-def mma_warpgroups_accurate(warp: Int32, lane: Int32, vblk: Int32, n: Int32, h64: Int64, H64: Int64, tok0: Int32,
-                            tok_end: Int32, ntiles: Int32, full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32,
-                            out_ptr: Int64, init_ptr: Int64, final_ptr: Int64, slot: Int32,
-                            has_initial: cutlass.Constexpr[bool], has_final: cutlass.Constexpr[bool],
-                            state_fp32: cutlass.Constexpr[bool], VB: cutlass.Constexpr[int],
-                            final_fp32: cutlass.Constexpr[bool]):
+def mma_warpgroups_accurate(cfg, p: K2Params, seq: SequenceTiles, warp: Int32, lane: Int32, vblk: Int32, n: Int32,
+                            h64: Int64, H64: Int64, full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32,
+                            slot: Int32):
     """mma_warpgroups in numerics="accurate": the serial and segmented modes (no state pool), the
     arithmetic of the mma.sync K2's accurate step element for element:
       Q1  u^T, o1^T as in FlashKDA's recipe, from a_s = bf(master)
@@ -288,20 +295,21 @@ def mma_warpgroups_accurate(warp: Int32, lane: Int32, vblk: Int32, n: Int32, h64
       Q5  master = fma(master, gamma, acc32(U^T Kr)), a_s = bf(master)
       Q4  out^T = bf(o1^T + acc32(U^T Mqk^T)), one rounding
     Exit: the master as it is (fp32) or a_s (bf16)."""
+    VB = cfg.value_block
     VSTR = v_stride(VB)
     SB = k2_stage_bytes(VB)
     wg, wl, g, q, r0, col_wg, state_base, off_sq = _lane_layout(warp, lane, vblk, n, h64, H64, VB)
     zero = Float32(0.0)
 
     # -------- Q6 entry: the fp32 master st and Q1's A fragments a_s = bf(st); 0 without a state
-    if cutlass.const_expr(has_initial):
-        st, a_s = _load_master(init_ptr, state_base, col_wg, r0, q, state_fp32)
+    if cutlass.const_expr(cfg.has_initial):
+        st, a_s = _load_master(p.init_ptr, state_base, col_wg, r0, q, cfg.state_fp32)
     else:
         st = [zero] * 64
         a_s = [Int32(0)] * 32
 
-    for i in cutlass.range(ntiles, unroll=1):
-        s, sb, start, m = _next_tile(i, full, buf_addr, SB, tok0, tok_end)
+    for i in cutlass.range(seq.ntiles, unroll=1):
+        s, sb, start, m = _next_tile(i, full, buf_addr, SB, seq)
 
         # -------- Q1: u^T's chain, then o1^T's, each its own commit group
         a_s, acc_u, acc_o = _q1_chains(a_s, sb, zero)
@@ -331,13 +339,7 @@ def mma_warpgroups_accurate(warp: Int32, lane: Int32, vblk: Int32, n: Int32, h64
         a_u = [pack_bf16x2(uu[4 * j + 2 * hp], uu[4 * j + 2 * hp + 1]) for j in range(2) for hp in range(2)]
 
         # -------- Q5: master = fma(master, gamma, acc32(U^T Kr)), one m64n128k16
-        a_u, d5 = wgmma_fence(a_u, [zero] * 64)
-        d5 = wgmma_m64n128k16_rs_mn(d5, a_u, smem_desc(sb + K2_OFF_KR, 128, 256))
-        wgmma_commit()
-        words, floats = wgmma_wait(0, a_u + a_s, d5 + acc_o)
-        a_u = words[:4]
-        d5 = floats[:64]
-        acc_o = floats[64:]
+        a_u, _, d5, acc_o = _q5_chain(a_u, a_s, acc_o, sb, zero)
         # accumulator element 8 kb + 2 e + x sits where st[8 kb + 2 e + x] does
         new_st = []
         a_s = []
@@ -352,23 +354,14 @@ def mma_warpgroups_accurate(warp: Int32, lane: Int32, vblk: Int32, n: Int32, h64
         st = new_st
 
         # -------- Q4: out = bf(o1 + acc32(Mqk U)), one rounding, stored as mma_warpgroups stores it
-        o2 = list(mma_bf16_16816(a_u, (f_mqk[0], f_mqk[2]), (zero, zero, zero, zero))) + \
-            list(mma_bf16_16816(a_u, (f_mqk[1], f_mqk[3]), (zero, zero, zero, zero)))
-        for j in cutlass.range_constexpr(2):
-            row = Int64(start + 8 * j + g) * H64 + h64
-            ok = Int32(8 * j + g < m)
-            for hp in cutlass.range_constexpr(2):
-                c = 4 * j + 2 * hp
-                word = movmatrix_t(pack_bf16x2(add_rn(acc_o[c], o2[c]), add_rn(acc_o[c + 1], o2[c + 1])))
-                col = col_wg + 16 * wl + 8 * hp + 2 * q
-                stg_b32_if(out_ptr + row * HEAD_ROW_BYTES + Int64(col) * 2, word, ok)
+        _q4_store(p.out_ptr, a_u, f_mqk, acc_o, start, m, g, q, wl, col_wg, h64, H64, zero, True)
 
         cute.arch.mbarrier_arrive(empty + s)
 
     # -------- Q6 exit: the master (fp32) or its bf16 words
-    if cutlass.const_expr(has_final):
+    if cutlass.const_expr(cfg.has_final):
         if slot >= 0:
-            if cutlass.const_expr(final_fp32):
-                _store_master(final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), st, col_wg, r0, q)
+            if cutlass.const_expr(cfg.final_fp32):
+                _store_master(p.final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), st, col_wg, r0, q)
             else:
-                _store_state(final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), a_s, col_wg, r0, q, False)
+                _store_state(p.final_ptr, (Int64(slot) * H64 + h64) * Int64(D * D), a_s, col_wg, r0, q, False)

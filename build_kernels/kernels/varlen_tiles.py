@@ -87,111 +87,132 @@ def longest_first_order(mPrefix: cute.Tensor, order_ptr: Int64, n_seq: Int32, ti
             stg_b32(order_ptr + Int64(place) * 4, i)
 
 
-@cute.kernel
-def _seq_tables_kernel(mCu: cute.Tensor, mStart: cute.Tensor, mPrefix: cute.Tensor, n_seq: Int32, seq_len: Int32,
-                       dense: cutlass.Constexpr[bool]):
-    # The dense tables only. The signature (an unused mCu, dense=True) is the one the GPU-tested
-    # build had when this kernel also served varlen: it names the PTX entry, so keeping it keeps
-    # seq_tables_dense byte-identical (build_kernels.ptx_check).
-    tidx, _, _ = cute.arch.thread_idx()
-    lane = cute.arch.lane_idx()
-    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-    await_previous_grid()
+class SeqTablesVarlen:
+    """The sequence tables from cu_seqlens (registry entry seq_tables_varlen): clamped, and K2's
+    longest-first dispatch order when seq_order is given (module docstring). No static
+    configuration (cu_seqlens' integer type is the pointer's)."""
 
-    smem = cutlass.memory.SmemAllocator()
-    sWarpTotal = smem.allocate_tensor(Int32, cute.make_layout(WARPS), byte_alignment=16)
+    def __str__(self):
+        """What the kernel's PTX symbol spells for this object (the DSL spells a kernel method's
+        symbol from its object)."""
+        return type(self).__name__
 
-    if tidx == 0:
-        mPrefix[0] = Int32(0)
-        mStart[0] = Int32(0)
-    carry = Int32(0)
-    for base in cutlass.range(0, n_seq, THREADS, unroll=1):
-        i = base + tidx
-        tiles = Int32(0)
-        if i < n_seq:
-            mStart[i + 1] = (i + 1) * seq_len
-            tiles = (seq_len + (CHUNK - 1)) // CHUNK
-        # Inclusive scan inside the warp.
-        x = tiles
-        for offset in cutlass.range_constexpr(5):
-            y = cute.arch.shuffle_sync_up(x, 1 << offset)
-            if lane >= (1 << offset):
-                x = x + y
-        if lane == 31:
-            sWarpTotal[warp] = x
-        cute.arch.barrier()
-        before = Int32(0)
-        block_total = Int32(0)
-        for w in cutlass.range_constexpr(WARPS):
-            s = sWarpTotal[w]
-            if w < warp:
-                before = before + s
-            block_total = block_total + s
-        if i < n_seq:
-            mPrefix[i + 1] = carry + before + x
-        carry = carry + block_total
-        # The warp totals are overwritten by the next block.
-        cute.arch.barrier()
+    @cute.jit
+    def __call__(self, cu_seqlens: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer,
+                 seq_order: cute.Pointer, n_seq: Int32, t_total: Int32, stream: cuda.CUstream):
+        """cu_seqlens int32/int64 [n_seq + 1] (any content) -> seq_start, tile_prefix int32 [n_seq + 1],
+        clamped to tokens [0, t_total) (module docstring); t_total >= 0 is the token count of q.
+        seq_order int32 [n_seq] (null: not written): the sequences longest first, K2's dispatch order."""
+        table = cute.make_layout(n_seq + 1)
+        self.kernel(cute.make_tensor(cu_seqlens, table), cute.make_tensor(seq_start, table),
+                    cute.make_tensor(tile_prefix, table), seq_order.toint(), n_seq, t_total).launch(
+            grid=(1, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True)
 
+    @cute.kernel
+    def kernel(self, mCu: cute.Tensor, mStart: cute.Tensor, mPrefix: cute.Tensor, order_ptr: Int64, n_seq: Int32,
+               t_total: Int32):
+        """One CTA: per block of THREADS sequences the max-scan of the clamped ends and the sum-scan of
+        the tiles, then (seq_order given) the longest-first order."""
+        tidx, _, _ = cute.arch.thread_idx()
+        lane = cute.arch.lane_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        await_previous_grid()
 
-@cute.kernel
-def _clamped_tables_kernel(mCu: cute.Tensor, mStart: cute.Tensor, mPrefix: cute.Tensor, order_ptr: Int64,
-                           n_seq: Int32, t_total: Int32):
-    tidx, _, _ = cute.arch.thread_idx()
-    lane = cute.arch.lane_idx()
-    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-    await_previous_grid()
+        smem = cutlass.memory.SmemAllocator()
+        sWarpMax = smem.allocate_tensor(Int32, cute.make_layout(WARPS), byte_alignment=16)
+        sWarpTotal = smem.allocate_tensor(Int32, cute.make_layout(WARPS), byte_alignment=16)
+        sHist = smem.allocate(BUCKETS * 4, byte_alignment=16)
 
-    smem = cutlass.memory.SmemAllocator()
-    sWarpMax = smem.allocate_tensor(Int32, cute.make_layout(WARPS), byte_alignment=16)
-    sWarpTotal = smem.allocate_tensor(Int32, cute.make_layout(WARPS), byte_alignment=16)
-    sHist = smem.allocate(BUCKETS * 4, byte_alignment=16)
-
-    first = clamp_token(mCu[0], t_total)  # c[0]: where sequence 0 starts
-    if tidx == 0:
-        mPrefix[0] = Int32(0)
-        mStart[0] = first
-    carry_max = first  # c[base]: the clamped running maximum before this block
-    carry = Int32(0)  # tile_prefix[base]
-    for base in cutlass.range(0, n_seq, THREADS, unroll=1):
-        i = base + tidx
-        # Thread i owns sequence i: the max-scan gives its end c[i + 1] (inclusive) and its start
-        # c[i] (exclusive). Threads past N contribute 0, the identity of the clamped values.
-        end = Int32(0)
-        if i < n_seq:
-            end = clamp_token(mCu[i + 1], t_total)
-        lo, hi, carry_max = block_scan(end, carry_max, lane, warp, sWarpMax, True, WARPS)
-        tiles = Int32(0)
-        if i < n_seq:
-            mStart[i + 1] = hi
-            tiles = tile_count(hi - lo)
-        _, upto, carry = block_scan(tiles, carry, lane, warp, sWarpTotal, False, WARPS)
-        if i < n_seq:
-            mPrefix[i + 1] = upto
-        # Both warp arrays are overwritten by the next block.
-        cute.arch.barrier()
-    # The barrier above also makes every thread's tile_prefix entries visible to the whole CTA.
-    if order_ptr != Int64(0):
-        longest_first_order(mPrefix, order_ptr, n_seq, tidx, sHist.toint())
+        first = clamp_token(mCu[0], t_total)  # c[0]: where sequence 0 starts
+        if tidx == 0:
+            mPrefix[0] = Int32(0)
+            mStart[0] = first
+        carry_max = first  # c[base]: the clamped running maximum before this block
+        carry = Int32(0)  # tile_prefix[base]
+        for base in cutlass.range(0, n_seq, THREADS, unroll=1):
+            i = base + tidx
+            # Thread i owns sequence i: the max-scan gives its end c[i + 1] (inclusive) and its start
+            # c[i] (exclusive). Threads past N contribute 0, the identity of the clamped values.
+            end = Int32(0)
+            if i < n_seq:
+                end = clamp_token(mCu[i + 1], t_total)
+            lo, hi, carry_max = block_scan(end, carry_max, lane, warp, sWarpMax, True, WARPS)
+            tiles = Int32(0)
+            if i < n_seq:
+                mStart[i + 1] = hi
+                tiles = tile_count(hi - lo)
+            _, upto, carry = block_scan(tiles, carry, lane, warp, sWarpTotal, False, WARPS)
+            if i < n_seq:
+                mPrefix[i + 1] = upto
+            # Both warp arrays are overwritten by the next block.
+            cute.arch.barrier()
+        # The barrier above also makes every thread's tile_prefix entries visible to the whole CTA.
+        if order_ptr != Int64(0):
+            longest_first_order(mPrefix, order_ptr, n_seq, tidx, sHist.toint())
 
 
-@cute.jit
-def seq_tables_varlen(cu_seqlens: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer,
-                      seq_order: cute.Pointer, n_seq: Int32, t_total: Int32, stream: cuda.CUstream):
-    """cu_seqlens int32/int64 [n_seq + 1] (any content) -> seq_start, tile_prefix int32 [n_seq + 1],
-    clamped to tokens [0, t_total) (module docstring); t_total >= 0 is the token count of q.
-    seq_order int32 [n_seq] (null: not written): the sequences longest first, K2's dispatch order."""
-    table = cute.make_layout(n_seq + 1)
-    _clamped_tables_kernel(cute.make_tensor(cu_seqlens, table), cute.make_tensor(seq_start, table),
-                           cute.make_tensor(tile_prefix, table), seq_order.toint(), n_seq, t_total).launch(
-        grid=(1, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True)
+class SeqTablesDense:
+    """The sequence tables of a dense [B, T] input (registry entry seq_tables_dense): B sequences of
+    seq_len tokens each."""
+
+    def __str__(self):
+        """What the kernel's PTX symbol spells for this object (the DSL spells a kernel method's
+        symbol from its object)."""
+        return type(self).__name__
+
+    @cute.jit
+    def __call__(self, seq_start: cute.Pointer, tile_prefix: cute.Pointer, n_seq: Int32, seq_len: Int32,
+                 stream: cuda.CUstream):
+        """Dense [B, T] input: B sequences of seq_len tokens each."""
+        table = cute.make_layout(n_seq + 1)
+        start = cute.make_tensor(seq_start, table)
+        self.kernel(start, start, cute.make_tensor(tile_prefix, table), n_seq, seq_len).launch(
+            grid=(1, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True)
+
+    @cute.kernel
+    def kernel(self, mCu: cute.Tensor, mStart: cute.Tensor, mPrefix: cute.Tensor, n_seq: Int32, seq_len: Int32):
+        """One CTA: seq_start[n] = n seq_len and the tile prefix. mCu is unread (seq_start's tensor);
+        it stays a parameter, so that the PTX .param list (and seq_tables_dense's PTX) stays as it is."""
+        tidx, _, _ = cute.arch.thread_idx()
+        lane = cute.arch.lane_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        await_previous_grid()
+
+        smem = cutlass.memory.SmemAllocator()
+        sWarpTotal = smem.allocate_tensor(Int32, cute.make_layout(WARPS), byte_alignment=16)
+
+        if tidx == 0:
+            mPrefix[0] = Int32(0)
+            mStart[0] = Int32(0)
+        carry = Int32(0)
+        for base in cutlass.range(0, n_seq, THREADS, unroll=1):
+            i = base + tidx
+            tiles = Int32(0)
+            if i < n_seq:
+                mStart[i + 1] = (i + 1) * seq_len
+                tiles = (seq_len + (CHUNK - 1)) // CHUNK
+            # Inclusive scan inside the warp.
+            x = tiles
+            for offset in cutlass.range_constexpr(5):
+                y = cute.arch.shuffle_sync_up(x, 1 << offset)
+                if lane >= (1 << offset):
+                    x = x + y
+            if lane == 31:
+                sWarpTotal[warp] = x
+            cute.arch.barrier()
+            before = Int32(0)
+            block_total = Int32(0)
+            for w in cutlass.range_constexpr(WARPS):
+                s = sWarpTotal[w]
+                if w < warp:
+                    before = before + s
+                block_total = block_total + s
+            if i < n_seq:
+                mPrefix[i + 1] = carry + before + x
+            carry = carry + block_total
+            # The warp totals are overwritten by the next block.
+            cute.arch.barrier()
 
 
-@cute.jit
-def seq_tables_dense(seq_start: cute.Pointer, tile_prefix: cute.Pointer, n_seq: Int32, seq_len: Int32,
-                     stream: cuda.CUstream):
-    """Dense [B, T] input: B sequences of seq_len tokens each."""
-    table = cute.make_layout(n_seq + 1)
-    start = cute.make_tensor(seq_start, table)
-    _seq_tables_kernel(start, start, cute.make_tensor(tile_prefix, table), n_seq, seq_len, True).launch(
-        grid=(1, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True)
+# The registry's entry names (the manifest's): the classes whose __call__ is that host entry (compile.py).
+seq_tables_varlen, seq_tables_dense = SeqTablesVarlen, SeqTablesDense

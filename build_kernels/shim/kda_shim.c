@@ -92,7 +92,7 @@ KDA_API int32_t kda_launch(int32_t i, void **args, int32_t n) {
 typedef struct { int32_t kernel, first, count, reserved; } kda_step;
 typedef struct { int32_t src, reserved; int64_t add; } kda_slot;
 
-/* KDA_MAX_SLOTS comes with kernel_table.h, from kda_aot/abi_constants.py (MAX_SLOTS). */
+/* KDA_MAX_SLOTS comes with kernel_table.h, from build_kernels/abi_constants.py (MAX_SLOTS). */
 
 KDA_API int32_t kda_run(int32_t device, const kda_step *steps, int32_t n_steps, const kda_slot *slots,
                         int32_t n_slots, const uint64_t *inputs, int32_t n_inputs) {

@@ -50,21 +50,21 @@ def test_regstate_fits_without_a_spill(tmp_path, variant):
     the launch count, and, with the producer warpgroup (VB=128), at the counts setmaxnreg trades to:
     per sub-partition one producer warp at PRODUCER_REGS and the rest MMA warps at MMA_REGS."""
     from build_kernels.cubin_info import kernel_resources
-    from build_kernels.kernels.k2_regstate import MMA_REGS, PRODUCER_REGS, producer_warps, regstate_threads
+    from build_kernels.kernels.k2_regstate import MMA_REGS, PRODUCER_REGS, RegstateConfig
 
     kc.compile_entry(variant, f" --keep-cubin --keep-ptx --dump-dir {tmp_path}")
     (cubin,) = list(tmp_path.rglob("*.cubin"))
     found = kernel_resources(cubin)
     (registers,) = found["registers"].values()
     frame = next(iter(found["frame_bytes"].values()), 0)
-    vb = dict(variant.constants)["value_block"]
-    warps = regstate_threads(vb) // 32
+    config = RegstateConfig(dict(variant.constants)["value_block"])
+    warps = config.threads // 32
     per_subpartition = -(-warps // 4)  # the sub-partition dealt the most warps
     allocated = -(-registers // 8) * 8  # registers are allocated in units of 8 per thread
     assert frame == 0, f"{variant.name} spills ({frame} bytes of stack)"
     assert per_subpartition * 32 * allocated <= 16384, (variant.name, registers, warps)
     ptx = "\n".join(f.read_text() for f in tmp_path.rglob("*.ptx"))
-    if producer_warps(vb) == 4:
+    if config.producer_warps == 4:
         assert (per_subpartition - 1) * MMA_REGS + PRODUCER_REGS <= per_subpartition * allocated, variant.name
         trades = re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx)
         assert sorted(trades) == [("dec", str(PRODUCER_REGS)), ("inc", str(MMA_REGS))], (variant.name, trades)

@@ -89,7 +89,7 @@ def test_prefill_kernels_wait_for_the_previous_grid_first(ptx_of, variant):
 
 
 # The serial accurate VB=128 K2 needs two CTAs per SM to keep up with the default one, which is
-# why its MMA warps produce the tiles themselves (k2_recurrence.folded_producer,
+# why its MMA warps produce the tiles themselves (k2_recurrence.K2Config.folded_producer,
 # docs/k2_producer.md). Registers are allocated per SM sub-partition (four of 16384, a CTA's warps
 # dealt round-robin over them), so two 8-warp CTAs fit at up to 128 registers per thread.
 TWO_CTAS_MAX_REGISTERS = 128
@@ -108,7 +108,7 @@ def _cubin_resources(tmp_path, variant):
 
 def _k2_mode(variant):
     """(value_block, accurate, segmented) of a K2 variant (serial, segmented or state pool), else None:
-    the arguments of k2_recurrence's folded_producer, k2_threads and k2_min_ctas."""
+    the leading fields of k2_recurrence.K2Config, on which its folded_producer, threads and min_ctas depend."""
     if variant.entry not in ("k2_recurrence", "k2_segments", "k2_ext"):
         return None
     constants = dict(variant.constants)
@@ -117,10 +117,10 @@ def _k2_mode(variant):
 
 
 def _folded(variant) -> bool:
-    from build_kernels.kernels.k2_recurrence import folded_producer
+    from build_kernels.kernels.k2_recurrence import K2Config
 
     mode = _k2_mode(variant)
-    return mode is not None and folded_producer(*mode)
+    return mode is not None and K2Config(*mode).folded_producer
 
 
 FOLDED = [v for v in all_variants() if _folded(v)]
@@ -141,10 +141,10 @@ def test_folded_recurrence_fits_two_ctas_per_sm(tmp_path, variant):
 
 
 def _min_ctas(variant):
-    from build_kernels.kernels.k2_recurrence import k2_min_ctas
+    from build_kernels.kernels.k2_recurrence import K2Config
 
     mode = _k2_mode(variant)
-    return None if mode is None else k2_min_ctas(*mode)
+    return None if mode is None else K2Config(*mode).min_ctas
 
 
 HINTED = [v for v in all_variants() if _min_ctas(v)]
@@ -166,15 +166,15 @@ SPILL_ALLOWED = {"k2_in_bf16_vb128": 8, "k2_in_f32_vb128": 8}
 
 @pytest.mark.parametrize("variant", HINTED, ids=lambda v: v.name)
 def test_hinted_recurrence_fits_the_ctas_it_promises(tmp_path, variant):
-    """A K2 variant launched with min_blocks_per_mp = N (k2_recurrence.k2_min_ctas, docs/k2_schedule.md)
+    """A K2 variant launched with min_blocks_per_mp = N (k2_recurrence.K2Config.min_ctas, docs/k2_schedule.md)
     must still fit N CTAs per SM with registers allocated per SM sub-partition: ceil(N * warps / 4)
     warps on the fullest of the four, 16384 registers each, a warp's registers in units of 256.
     And no spill beyond SPILL_ALLOWED. Read from the cubin ptxas made."""
-    from build_kernels.kernels.k2_recurrence import k2_threads
+    from build_kernels.kernels.k2_recurrence import K2Config
 
     n = _min_ctas(variant)
     registers, frame = _cubin_resources(tmp_path, variant)
-    warps = k2_threads(*_k2_mode(variant)) // 32
+    warps = K2Config(*_k2_mode(variant)).threads // 32
     per_warp = -(-registers * 32 // 256) * 256
     assert -(-n * warps // 4) * per_warp <= 16384, (variant.name, registers, frame)
     assert frame <= SPILL_ALLOWED.get(variant.name, 0), (variant.name, registers, frame)
@@ -204,12 +204,15 @@ def test_ptx_check_finds_identical_and_changed_kernels(tmp_path, capsys):
 
 def test_registry_arguments_are_the_host_entries_parameters():
     """The manifest's argument list of every variant (names and order) is its host entry's
-    parameter list less the compile-time constants: the runtime matches arguments by these names."""
+    parameter list less the compile-time constants (a kernel class's: its __call__'s less self): the
+    runtime matches arguments by these names."""
     import inspect
 
     for variant in all_variants():
         module = importlib.import_module(f"build_kernels.kernels.{variant.module}")
         entry = getattr(module, variant.entry)
-        params = list(inspect.signature(getattr(entry, "__wrapped__", entry)).parameters)
+        if isinstance(entry, type):
+            entry = entry.__call__
+        params = [p for p in inspect.signature(getattr(entry, "__wrapped__", entry)).parameters if p != "self"]
         constants = {name for name, _ in variant.constants}
         assert [p for p in params if p not in constants] == [a.name for a in variant.args], variant.name
