@@ -42,8 +42,7 @@ MAX_SLOTS = 256  # argument slots of one native call (program.py builds them, th
 
 # Value blocks the register-state K2 exists at (build_kernels/kernels/k2_regstate.py: a warpgroup
 # per 64 value columns): the registry builds a twin of every K2 variant at these, and the kernel
-# accepts no other. Build side only (not in RUNTIME_NAMES): kda_aot/plan/planner.py states its own
-# REGSTATE_VALUE_BLOCKS, the blocks it picks the twin at.
+# accepts no other; the planner picks the twin at exactly these (kda_aot/plan/planner.py k2_kernel).
 REGSTATE_VALUE_BLOCKS = (64, 128)
 
 # The register-state twin of a K2 variant (same arguments, same bits) is named k2_X -> k2_regstate_X:
@@ -58,7 +57,7 @@ def regstate_name(k2_name: str) -> str:
 
 # What kda_aot/library/_abi.py carries to the runtime (build_kernels/abi.py renders them), in this order.
 RUNTIME_NAMES = ("MANIFEST_FORMAT", "D", "CHUNK", "LOG2E", "VALUE_BLOCKS", "WORKSPACE_ALIGN", "TILE_IMAGE_BYTES",
-                 "SLOT_BYTES", "STATE_BYTES", "MAX_SLOTS", "REGSTATE_RENAME")
+                 "SLOT_BYTES", "STATE_BYTES", "MAX_SLOTS", "REGSTATE_RENAME", "REGSTATE_VALUE_BLOCKS")
 
 
 def manifest_constants() -> Dict[str, Any]:

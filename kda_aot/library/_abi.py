@@ -14,6 +14,7 @@ SLOT_BYTES = (('qd', 4096), ('kd', 4096), ('kr', 4096), ('gt', 512), ('inv', 512
 STATE_BYTES = 65536
 MAX_SLOTS = 256
 REGSTATE_RENAME = ('k2_', 'k2_regstate_')
+REGSTATE_VALUE_BLOCKS = (64, 128)
 MANIFEST_CONSTANTS = {'D': 128, 'CHUNK': 16, 'VALUE_BLOCKS': [128, 64, 32], 'WORKSPACE_ALIGN': 256, 'SLOT_BYTES': [['qd', 4096], ['kd', 4096], ['kr', 4096], ['gt', 512], ['inv', 512], ['mqk', 512], ['bsig', 32]], 'STATE_BYTES': 65536}
 
 ABI_HASH = "11257d28094717227980454cd25bedd4d96c3db66c35de61adfaa02f76be987a"

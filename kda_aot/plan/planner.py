@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable, Mapping, Optional, Tuple
 
-from ..library.abi_constants import CHUNK, D, VALUE_BLOCKS
+from ..library.abi_constants import CHUNK, REGSTATE_VALUE_BLOCKS, D, VALUE_BLOCKS
 
 # K2 value blocks per (sequence, head), one per block size the library ships: 1, 2 or 4 CTAs of
 # 128, 64 or 32 value rows each.
@@ -79,8 +79,8 @@ def cp_splits(n_segments: int, n_seq: int, n_heads: int, sm_count: int, numerics
 # 128, both recipes).
 K2_KERNELS = ("k2", "regstate")
 # On the H200 (docs/k2_regstate.md) regstate beat k2 on every shape measured at VB=64 and, with its
-# producer warpgroup, at VB=128 (15 serial shapes from 4 to 512 (sequence, head) pairs, the CP rows).
-REGSTATE_VALUE_BLOCKS = (64, 128)
+# producer warpgroup, at VB=128 (15 serial shapes from 4 to 512 (sequence, head) pairs, the CP rows),
+# so it runs at every value block it is built at (REGSTATE_VALUE_BLOCKS, from the build).
 
 
 def k2_kernel(value_block: int) -> str:

@@ -37,6 +37,20 @@ def test_restated_constants_are_the_abi_constants():
     assert program.INPUTS == arguments.TENSOR_ARGS + ("stream",)
 
 
+def test_where_the_register_state_k2_runs_is_the_builds_statement():
+    """REGSTATE_VALUE_BLOCKS is declared by the build (the value blocks the twin is compiled at) and
+    the planner picks the twin at exactly those: no module of the runtime restates the tuple."""
+    from kda_aot.library import abi_constants
+    from kda_aot.plan import planner
+
+    assert planner.REGSTATE_VALUE_BLOCKS is abi_constants.REGSTATE_VALUE_BLOCKS
+    assert sorted(vb for vb in abi_constants.VALUE_BLOCKS if planner.k2_kernel(vb) == "regstate") == \
+        sorted(abi_constants.REGSTATE_VALUE_BLOCKS)
+    hits = [p.relative_to(ROOT).as_posix() for p in _tracked((".py",))
+            if "REGSTATE_VALUE_BLOCKS = " in p.read_text(errors="replace") and not p.name.startswith("test_")]
+    assert sorted(hits) == ["build_kernels/abi_constants.py", "kda_aot/library/_abi.py"], hits
+
+
 def test_the_torch_reference_reads_the_same_log2e():
     pytest.importorskip("torch")
     from kda_aot.library import abi_constants
