@@ -317,22 +317,29 @@ def errors(result, gold):
 
 
 @contextlib.contextmanager
-def forced_k2_kernel(kind: str):
-    """KDA_K2_KERNEL=kind (launcher.k2_kernel_name) for the calls planned inside, the caller's value
-    (or none) again after; plans are cached per problem, so the cache is emptied on entry and exit."""
+def forced_env(name: str, value: str):
+    """The environment variable `name` set to `value` for the calls planned inside, the caller's
+    value (or none) again after. The launcher reads its measurement switches (KDA_K2_KERNEL,
+    launcher.k2_kernel_name; KDA_K2_EXT, launcher._forced_k2_ext) when a call is planned and plans
+    are cached per problem, so the cache is emptied on entry and exit."""
     from kda_aot import api
 
-    before = os.environ.get("KDA_K2_KERNEL")
-    os.environ["KDA_K2_KERNEL"] = kind
+    before = os.environ.get(name)
+    os.environ[name] = value
     api._PLANS.clear()
     try:
         yield
     finally:
         if before is None:
-            del os.environ["KDA_K2_KERNEL"]
+            del os.environ[name]
         else:
-            os.environ["KDA_K2_KERNEL"] = before
+            os.environ[name] = before
         api._PLANS.clear()
+
+
+def forced_k2_kernel(kind: str):
+    """KDA_K2_KERNEL=kind (one of planner.K2_KERNELS) for the calls planned inside."""
+    return forced_env("KDA_K2_KERNEL", kind)
 
 
 def host_us(fn, calls: int = 100, repeats: int = 7, busy: bool = True) -> float:
@@ -754,25 +761,6 @@ def contract_cost(args) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def forced_k2_ext():
-    """KDA_K2_EXT=1 (launcher._forced_k2_ext) for the calls planned inside; the plan cache is
-    emptied on entry and exit, as in forced_k2_kernel."""
-    from kda_aot import api
-
-    before = os.environ.get("KDA_K2_EXT")
-    os.environ["KDA_K2_EXT"] = "1"
-    api._PLANS.clear()
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["KDA_K2_EXT"]
-        else:
-            os.environ["KDA_K2_EXT"] = before
-        api._PLANS.clear()
-
-
 def state_io_cost(args) -> int:
     """The serial K2 variant whose state I/O is fixed at compile time against k2_ext, which takes
     the same states as run-time pointers (null where absent): GPU time and whether the outputs
@@ -797,7 +785,7 @@ def state_io_cost(args) -> int:
                 if final is not None:
                     final.fill_(float("nan"))
                 call = lambda: kda_aot.prefill(*(x[n] for n in "qkvg"), x["beta"], out=o, **kw)  # noqa: E731
-                with (forced_k2_ext() if path == "k2_ext" else contextlib.nullcontext()):
+                with (forced_env("KDA_K2_EXT", "1") if path == "k2_ext" else contextlib.nullcontext()):
                     ms = time_ms(call, args.iters, args.warmup)
                     call()
                     torch.cuda.synchronize()
