@@ -172,6 +172,13 @@ class KernelLibrary:
     def has(self, name: str) -> bool:
         return name in self.kernels
 
+    def missing_variants(self) -> List[str]:
+        """This package's kernel variants the library does not hold: the measurement-only ones for a
+        library of the shipped lattice, none for one of every variant (KDA_KERNEL_LATTICE=all)."""
+        from .abi_constants import variant_constants
+
+        return [name for name in variant_constants() if name not in self.kernels]
+
     def device_count(self) -> int:
         """Visible CUDA devices; raises CudaError when there is no usable driver."""
         count = ctypes.c_int32(0)

@@ -106,3 +106,11 @@ def test_the_runtime_knows_what_ships():
     # the renamed twin of an ablation is no variant: the ablations have no twin
     assert not any(build_constants.regstate_name(v.name) in ALL for v in LEFT_OUT
                    if dict(v.constants).get("ablation"))
+
+
+def test_a_library_says_which_variants_it_lacks():
+    from kda_aot.library import loader
+
+    shipped = SimpleNamespace(kernels=dict.fromkeys(SHIPPED))
+    assert loader.KernelLibrary.missing_variants(shipped) == [v.name for v in sorted(LEFT_OUT, key=lambda v: v.name)]
+    assert loader.KernelLibrary.missing_variants(SimpleNamespace(kernels=dict.fromkeys(ALL))) == []
