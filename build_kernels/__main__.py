@@ -1,6 +1,10 @@
-"""Build entry: compile every kernel variant for sm_90a, export it, write the manifest.
+"""Build entry: compile the kernel variants for sm_90a, export them, write the manifest.
 
-    python -m build_kernels --out DIR [--cache DIR] [--flavour cu12|cu13]
+    python -m build_kernels --out DIR [--cache DIR] [--flavour cu12|cu13] [--lattice shipped|all]
+
+--lattice (default $KDA_KERNEL_LATTICE, else shipped) picks what is compiled: the shipped lattice
+(registry.shipped_variants: what the planner launches) or all variants (registry.all_variants: also
+the measurement-only kernels that KDA_K2_KERNEL=k2 and ci/numerics_table.py launch; docs/build.md).
 
 Writes into DIR: one <variant>.o/.h per kernel, kernel_table.h (the rows the C shim walks),
 objects.txt (what CMake links), manifest.json (what the runtime reads and checks against its own
@@ -22,7 +26,7 @@ from pathlib import Path
 
 from . import abi
 from . import compile as kc
-from .registry import all_variants
+from .registry import LATTICES, all_variants, lattice
 from . import abi_constants as ABI_CONSTANTS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,8 +96,15 @@ def main(argv=None) -> int:
     parser.add_argument("--cache", type=Path,
                         default=Path(os.environ.get("KDA_BUILD_CACHE", Path.home() / ".cache" / "kda-aot-build")))
     parser.add_argument("--flavour", default=os.environ.get("KDA_CUDA_FLAVOUR", "cu12"), choices=("cu12", "cu13"))
-    parser.add_argument("--only", nargs="*", help="compile only these variants (checks; no manifest)")
+    parser.add_argument("--lattice", default=os.environ.get("KDA_KERNEL_LATTICE") or "shipped", choices=LATTICES,
+                        help="shipped (default): what the planner launches; all: also the measurement-only "
+                             "kernels (env KDA_KERNEL_LATTICE)")
+    parser.add_argument("--only", nargs="*", help="compile only these variants, of all of them (checks)")
     args = parser.parse_args(argv)
+    if args.lattice not in LATTICES:  # argparse does not check a default (here: from the environment)
+        print(f"[build_kernels] FAILED KDA_KERNEL_LATTICE={args.lattice!r}: expected one of {LATTICES}",
+              file=sys.stderr, flush=True)
+        return 1
 
     dsl_flavour = _dsl_flavour()
     if dsl_flavour and dsl_flavour != args.flavour:
@@ -105,15 +116,15 @@ def main(argv=None) -> int:
     # Objects differ per flavour but the cache key does not name it: one cache folder per flavour.
     args.cache = args.cache / args.flavour
 
-    variants = all_variants()
+    variants = lattice(args.lattice)
     if args.only:
-        variants = [v for v in variants if v.name in set(args.only)]
+        variants = [v for v in all_variants() if v.name in set(args.only)]
     args.out.mkdir(parents=True, exist_ok=True)
     args.cache.mkdir(parents=True, exist_ok=True)
     # What is printed: one line for a build served from the cache, and otherwise a header, a line
     # per kernel actually compiled and the summary. A line per cached kernel ("cached in 0.00 s",
     # over a hundred of them on every install) told a reader nothing.
-    setup = (f"{len(variants)} kernels for {kc.ARCH}, DSL {kc.cutlass.__version__}, "
+    setup = (f"{len(variants)} kernels ({args.lattice if not args.only else 'chosen'}) for {kc.ARCH}, DSL {kc.cutlass.__version__}, "
              f"flavour {args.flavour} (DSL: {dsl_flavour or 'unknown'}), cache {args.cache}")
     start = time.perf_counter()
     rows = []
@@ -145,6 +156,7 @@ def main(argv=None) -> int:
         "package_version": _package_version(),
         "git_revision": revision,
         "abi_hash": abi.abi_hash(variants),
+        "lattice": args.lattice if not args.only else "only",  # informative: identity.py checks the kernels
         "arg_alignment": abi.arg_alignment(variants),
         "dsl_version": kc.cutlass.__version__,
         "cuda_flavour": args.flavour,

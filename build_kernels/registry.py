@@ -1,4 +1,4 @@
-"""Every kernel variant the library ships, in one table.
+"""Every kernel variant the build knows, in one table, and which of them ship (shipped_variants).
 
 A variant is one exported symbol: a host entry (the `@cute.jit __call__` of a kernel class,
 configured from the variant's constants) compiled with fixed compile-time constants. Its argument list is declared here once, as data, and serves both wings:
@@ -192,7 +192,8 @@ def _k2_segments(accurate: bool = False) -> List[Variant]:
 
 
 def _approx() -> List[Variant]:
-    """Test-only: the PTX approximations of docs/algorithm.md §2.4 for the GPU reference (x in, y out, n elements)."""
+    """The PTX approximations of docs/algorithm.md §2.4 for the torch reference, kda_aot/reference.py (x in,
+    y out, n elements)."""
     args = (ptr("x", "float32", 4), ptr("y", "float32", 4), scalar("n", "i32"), STREAM)
     return [Variant(f"approx_{name}", "approx_math", "approx_math", args, constants=(("op", op),))
             for op, name in enumerate(("ex2", "tanh", "rsqrt"))]
@@ -324,7 +325,8 @@ def _k2_regstate() -> List[Variant]:
     return out
 
 
-# The build compiles exactly these. The runtime finds each kernel by name in the library's own
+# Every variant (the build compiles these, or the shipped lattice of them: shipped_variants). The
+# runtime finds each kernel by name in the library's own
 # manifest and the ABI hash sorts them by name (kda_aot/library/abi_hash.py), so this order is only the
 # order of the build's log and of the library's tables.
 FAMILIES = {
@@ -340,13 +342,60 @@ FAMILIES = {
     # context parallelism
     "cp_pre_scan": _cp_pre_scan, "cp_pre_scan_accurate": lambda: _cp_pre_scan(True), "cp_merge": _cp_merge,
     "cp_merge_pool": _cp_merge_pool,
-    # measurement only: the PTX approximations for the GPU reference, the accurate recipe's ablations
+    # the PTX approximations for the public torch reference; the accurate recipe's ablations (measurement only)
     "approx": _approx, "k2_ablation": _k2_ablation,
 }
 
 
-def all_variants() -> List[Variant]:
-    variants = [v for family in FAMILIES.values() for v in family()]
-    names = [v.name for v in variants]
+# What ships: the build compiles the shipped lattice by default (KDA_KERNEL_LATTICE=all, or
+# python -m build_kernels --lattice all, compiles every variant: docs/build.md), and a library is
+# accepted when it holds every shipped kernel and nothing outside all_variants()
+# (kda_aot/library/identity.py). A variant is measurement-only when the planner launches it for
+# no public argument:
+# - k2_ablation: the accurate recipe cut short (levels 1-3), timed by ci/numerics_table.py only;
+#   the runtime asks for ablation=0.
+# - the mma.sync K2 (MMA_K2_FAMILIES) at a value block where its register-state twin exists
+#   (abi_constants.REGSTATE_VALUE_BLOCKS: every serial, segmented and state-pool variant of both
+#   recipes has a twin there, _k2_regstate): the planner picks the twin (planner.k2_kernel), which
+#   was measured faster on every shape (docs/k2_regstate.md); the mma.sync kernel runs there only
+#   when KDA_K2_KERNEL=k2 forces it (measurement, and the GPU tests comparing the twins byte for
+#   byte). At VB=32 (value_split=4, a public argument) the mma.sync K2 is the only K2 and ships.
+# Everything else ships: the tables, K1, the register-state K2, CP's kernels (pre_scan has only the
+# mma.sync form, at every value block), and approx_*, which the public torch reference calls.
+LATTICES = ("shipped", "all")
+MEASUREMENT_FAMILIES = frozenset({"k2_ablation"})
+MMA_K2_FAMILIES = frozenset({"k2", "k2_accurate", "k2_segments", "k2_segments_accurate", "k2_ext"})
+
+
+def shipped(family: str, variant: Variant) -> bool:
+    """Whether `variant` of FAMILIES[family] is in the shipped lattice (the rule above)."""
+    if family in MEASUREMENT_FAMILIES:
+        return False
+    if family in MMA_K2_FAMILIES:
+        return dict(variant.constants)["value_block"] not in ABI_CONSTANTS.REGSTATE_VALUE_BLOCKS
+    return True
+
+
+def families() -> List[Tuple[str, Variant]]:
+    """(family, variant) for every variant, in the build's order."""
+    pairs = [(family, v) for family, make in FAMILIES.items() for v in make()]
+    names = [v.name for _, v in pairs]
     assert len(names) == len(set(names)), "variant names must be unique"
-    return variants
+    return pairs
+
+
+def all_variants() -> List[Variant]:
+    """Every variant, shipped and measurement-only (what ptx_check and the build tests read)."""
+    return [v for _, v in families()]
+
+
+def shipped_variants() -> List[Variant]:
+    """The shipped lattice, in the build's order: what the planner can launch."""
+    return [v for family, v in families() if shipped(family, v)]
+
+
+def lattice(name: str) -> List[Variant]:
+    """The variants of lattice `name` (one of LATTICES)."""
+    if name not in LATTICES:
+        raise ValueError(f"kernel lattice: expected one of {LATTICES}, got {name!r}")
+    return all_variants() if name == "all" else shipped_variants()

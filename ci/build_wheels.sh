@@ -15,6 +15,11 @@
 # in $KDA_BUILD_CACHE (default ~/.cache/kda-aot-build, one folder per flavour; outputs are
 # byte-identical, so a hit is as good as a rebuild); --fresh-cache compiles everything anew.
 # The wheel lands in DIR (default dist/ of this repository); --keep keeps the temporary folder.
+#
+# KDA_KERNEL_LATTICE (default shipped) picks the kernels (docs/build.md, "Kernel lattice"): the
+# shipped lattice, what the planner launches, or `all`, the measurement wheel, which adds the
+# measurement-only kernels that KDA_K2_KERNEL=k2 and the ablations launch (the full device suite:
+# KDA_KERNEL_LATTICE=all bash ci/build_wheels.sh cu12).
 set -euo pipefail
 
 usage() { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
@@ -39,6 +44,8 @@ TOOL_PINS=("build==1.6.1" "wheel==0.48.0" "auditwheel==6.8.2" "ziglang==$ZIGLANG
 GLIBC_TARGET=2.28
 PLAT=manylinux_2_28_x86_64
 DIST="kda-aot-$FLAVOUR"
+LATTICE=${KDA_KERNEL_LATTICE:-shipped}
+case "$LATTICE" in shipped|all) ;; *) echo "KDA_KERNEL_LATTICE must be shipped or all, not '$LATTICE'" >&2; exit 2 ;; esac
 PYTHON=${PYTHON:-python3}
 
 # This machine's pip configuration names local index folders that may be absent: drop that noise.
@@ -100,9 +107,9 @@ echo "  zig $("$ZIG" version): $WORK/zig/cc = zig cc -target x86_64-linux-gnu.$G
 # 3. The wheel.
 CACHE=${KDA_BUILD_CACHE:-$HOME/.cache/kda-aot-build}
 [[ $FRESH_CACHE == 1 ]] && CACHE="$WORK/kernel-cache"
-step "building $DIST (KDA_CUDA_FLAVOUR=$FLAVOUR, kernel cache $CACHE)"
+step "building $DIST (KDA_CUDA_FLAVOUR=$FLAVOUR, KDA_KERNEL_LATTICE=$LATTICE, kernel cache $CACHE)"
 TB=$SECONDS
-KDA_CUDA_FLAVOUR=$FLAVOUR KDA_BUILD_CACHE=$CACHE "$TPY" -m build --wheel --outdir "$WORK/dist" \
+KDA_CUDA_FLAVOUR=$FLAVOUR KDA_KERNEL_LATTICE=$LATTICE KDA_BUILD_CACHE=$CACHE "$TPY" -m build --wheel --outdir "$WORK/dist" \
   -C "cmake.define.CMAKE_C_COMPILER=$WORK/zig/cc" \
   -C "wheel.tags=py3-none-$PLAT" \
   -C "build-dir=$WORK/build" \
@@ -117,9 +124,9 @@ NAME=$(basename "$WHEEL")
 
 # 4. What the wheel holds and needs.
 step "checking $NAME"
-"$TPY" - "$WHEEL" "$FLAVOUR" "$VERSION" "$SHA" >"$WORK/manifest.txt" <<'EOF'
+"$TPY" - "$WHEEL" "$FLAVOUR" "$VERSION" "$SHA" "$LATTICE" >"$WORK/manifest.txt" <<'EOF'
 import json, sys, zipfile
-wheel, flavour, version, sha = sys.argv[1:]
+wheel, flavour, version, sha, lattice = sys.argv[1:]
 with zipfile.ZipFile(wheel) as z:
     m = json.loads(z.read("kda_aot/_lib/manifest.json"))
     names = z.namelist()
@@ -133,6 +140,7 @@ assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/L
 assert m["cuda_flavour"] == flavour, f"manifest flavour {m['cuda_flavour']} != {flavour}"
 assert m["package_version"] == version, f"manifest version {m['package_version']} != {version}"
 assert m["kernels"], "manifest lists no kernels"
+assert m.get("lattice") == lattice, f"manifest lattice {m.get('lattice')} != {lattice}"
 assert sha.startswith(m["git_revision"]), f"manifest revision {m['git_revision']} is not {sha[:12]}"
 print(len(m["kernels"]), m["cudart_version"], m["dsl_version"], m["git_revision"])
 EOF
@@ -168,7 +176,7 @@ cat <<EOF
 wheel:     $OUT/$NAME
 size:      $SIZE bytes ($(awk "BEGIN{printf \"%.2f\", $SIZE/1048576}") MiB)
 flavour:   $FLAVOUR (cudart $CUDART static, DSL $DSL_VERSION)
-kernels:   $N_KERNELS (manifest)
+kernels:   $N_KERNELS (manifest; lattice $LATTICE)
 revision:  $GIT_REV
 platform:  $PLAT (newest glibc symbol GLIBC_$NEWEST_GLIBC; auditwheel show: consistent with $AUDIT_PLAT)
 time:      $((SECONDS - T0)) s in all, $BUILD_S s in python -m build

@@ -3,6 +3,9 @@
 # compute-sanitizer tools, the demo's flag sets, the benchmark, and (when the machine has two or
 # more GPUs and the script exists) the cross-GPU context-parallel run.
 #   bash ci/gpu_all.sh [path/to/kda_aot-*.whl] [step ...]
+# Give it the measurement wheel (every kernel variant: KDA_KERNEL_LATTICE=all bash ci/build_wheels.sh
+# cu12; docs/testing.md) for the full suite: with the shipped wheel the steps run, and what needs a
+# measurement-only kernel (KDA_K2_KERNEL=k2 tests, the mma-* sanitizer cases) skips.
 # Steps: tests sanitize demo bench limits probes distributed (default: all but limits, which runs
 # Nsight Compute over the benchmark rows: ci/ncu_limits.sh, and probes, which builds and runs the
 # CUDA probes of ci/probes/ with nvcc: ci/probes/run.sh). Each step is time-bounded and writes

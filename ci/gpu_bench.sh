@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Benchmark and per-kernel profile of a built wheel on a GPU machine.
 #   bash ci/gpu_bench.sh [path/to/kda_aot-*.whl] [extra `python -m kda_aot.bench` args...]
+# --k2-kernel k2 (and ci/numerics_table.py's ablations) need the measurement wheel:
+# KDA_KERNEL_LATTICE=all bash ci/build_wheels.sh cu12 (docs/build.md, "Kernel lattice").
 # Writes bench.md, bench.json and profile.txt under $OUT; each step is time-bounded (a hang still
 # leaves logs). The peers run when importable (carried wheels in .whl/; FlashKDA on PYTHONPATH).
 set -uo pipefail

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite on a GPU machine, against a built wheel (not the source tree).
 #   bash ci/gpu_tests.sh [path/to/kda_aot-*.whl] [extra pytest args...]
+# The full suite needs the measurement wheel (every kernel variant: KDA_KERNEL_LATTICE=all bash
+# ci/build_wheels.sh cu12); with the shipped one, the tests forcing KDA_K2_KERNEL=k2 skip.
 # Logs go to $OUT (default /tmp/kda-gpu-out) so a hang still leaves a trace; every test has a
 # timeout (a synchronisation bug hangs rather than fails) and the whole run is bounded too.
 set -uo pipefail

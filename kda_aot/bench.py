@@ -415,6 +415,14 @@ def main(argv=None) -> int:
 
     import kda_aot
 
+    if "k2" in (args.k2_kernel or []):
+        from .library.loader import MEASUREMENT_BUILD, get_library
+
+        missing = get_library().missing_variants()
+        if missing:
+            return cannot_run("python -m kda_aot.bench", f"--k2-kernel k2 forces the mma.sync K2, which this "
+                              f"library holds only at VB=32 (it lacks {len(missing)} measurement-only kernels, "
+                              f"{missing[0]} among them). {MEASUREMENT_BUILD}")
     if args.sweep_cp:
         return sweep_cp(args)
     if args.checkpoint_cost:

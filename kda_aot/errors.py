@@ -10,6 +10,11 @@ class LibraryNotFoundError(KdaError):
     pass
 
 
+class KernelNotBuiltError(KdaError):
+    """A kernel the call asks for is a variant of this package that the loaded library does not hold
+    (a measurement-only kernel, outside the shipped lattice: build_kernels/registry.py)."""
+
+
 # cudaErrorInsufficientDriver: what the runtime answers without a usable driver.
 CUDA_ERROR_INSUFFICIENT_DRIVER = 35
 

@@ -11,8 +11,11 @@ from __future__ import annotations
 import json
 from typing import Any, Dict
 
+import functools
+
 from ._abi import (CHUNK, LOG2E, MANIFEST_CONSTANTS, MANIFEST_FORMAT, MAX_SLOTS, REGSTATE_RENAME,  # noqa: F401
-                   REGSTATE_VALUE_BLOCKS, SLOT_BYTES, STATE_BYTES, TILE_IMAGE_BYTES, VALUE_BLOCKS, WORKSPACE_ALIGN, D)
+                   REGSTATE_VALUE_BLOCKS, SHIPPED, SIGNATURES, SLOT_BYTES, STATE_BYTES, TILE_IMAGE_BYTES,
+                   VALUE_BLOCKS, WORKSPACE_ALIGN, D)
 
 SLOT = dict(SLOT_BYTES)
 
@@ -21,6 +24,14 @@ def regstate_name(k2_name: str) -> str:
     """The kernel name of the register-state twin of the K2 variant `k2_name` (same arguments,
     same bits): the build's naming rule, REGSTATE_RENAME."""
     return k2_name.replace(*REGSTATE_RENAME, 1)
+
+
+@functools.lru_cache(maxsize=None)
+def variant_constants() -> Dict[str, Dict[str, Any]]:
+    """{kernel name: its baked-in constants} of every variant of this package, shipped or not
+    (_abi.SIGNATURES: `name(args) {constants as JSON}`), for naming a kernel by its constants
+    whether or not the loaded library holds it (SHIPPED: the names every library holds)."""
+    return {sig.split("(", 1)[0]: json.loads(sig.rsplit(") ", 1)[1]) for sig in SIGNATURES}
 
 
 def manifest_constants() -> Dict[str, Any]:

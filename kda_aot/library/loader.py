@@ -24,6 +24,11 @@ MANIFEST_NAME = "manifest.json"
 # An explicit build directory (holding the library and manifest) wins over the packaged one:
 # used by development builds and the device scripts.
 LIB_DIR_ENV = "KDA_AOT_LIB_DIR"
+# How to get the measurement-only kernels (the mma.sync K2 where a register-state twin exists, the
+# accurate recipe's ablations), which the shipped lattice leaves out (docs/build.md, "Kernel lattice").
+MEASUREMENT_BUILD = ("Build a library of every variant, with the measurement-only kernels (KDA_KERNEL_LATTICE=all "
+                     "bash ci/build_wheels.sh cu12 and install that wheel, or KDA_KERNEL_LATTICE=all pip install .; "
+                     f"docs/build.md), or point {LIB_DIR_ENV} at the directory of such a library")
 
 
 _CTYPES = {"i32": ctypes.c_int32, "i64": ctypes.c_int64, "f32": ctypes.c_float}
@@ -166,6 +171,13 @@ class KernelLibrary:
 
     def has(self, name: str) -> bool:
         return name in self.kernels
+
+    def missing_variants(self) -> List[str]:
+        """This package's kernel variants the library does not hold: the measurement-only ones for a
+        library of the shipped lattice, none for one of every variant (KDA_KERNEL_LATTICE=all)."""
+        from .abi_constants import variant_constants
+
+        return [name for name in variant_constants() if name not in self.kernels]
 
     def device_count(self) -> int:
         """Visible CUDA devices; raises CudaError when there is no usable driver."""

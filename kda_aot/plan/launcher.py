@@ -20,9 +20,10 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import planner
+from ..errors import KernelNotBuiltError
 from ..library.abi_constants import LOG2E, regstate_name
 from ..spec.gate_forms import k1_kernel
-from ..library.loader import KernelLibrary
+from ..library.loader import MEASUREMENT_BUILD, KernelLibrary
 from .program import NULL, STREAM, Program, Ref, ws
 from ..spec.problem import Problem
 from .workspace import cp_layout, workspace_layout
@@ -217,15 +218,26 @@ def k2_kernel_name(lib: KernelLibrary, k2_name: str, value_block: int) -> str:
     """The kernel that runs the K2 variant `k2_name` (a mma.sync K2 at `value_block`): its
     register-state twin (abi_constants.regstate_name: same arguments, same bits) where
     planner.k2_kernel picks one and the library has it, else k2_name. KDA_K2_KERNEL=k2|regstate
-    forces one, for measurement; it is read when a call is planned."""
+    forces one, for measurement; it is read when a call is planned. A kernel the library lacks
+    (a measurement-only one: the mma.sync K2 where a twin exists, an ablation) is a
+    KernelNotBuiltError that says how to build a library with it."""
     forced = os.environ.get("KDA_K2_KERNEL")
     if forced and forced not in planner.K2_KERNELS:
         raise ValueError(f"KDA_K2_KERNEL: expected one of {planner.K2_KERNELS} or unset, got {forced!r}")
     kind = forced or planner.k2_kernel(value_block)
-    if kind == "k2":
-        return k2_name
-    twin = regstate_name(k2_name)
-    return twin if twin in lib.kernels else k2_name
+    if kind != "k2":
+        twin = regstate_name(k2_name)
+        if twin in lib.kernels:
+            return twin
+    if k2_name not in lib.kernels:
+        why = f"KDA_K2_KERNEL={forced} forces the mma.sync K2 {k2_name}" if forced == "k2" else \
+            f"K2 {k2_name} is asked for"
+        where = getattr(lib, "path", None)
+        raise KernelNotBuiltError(
+            f"{why}, which the kernel library{f' {where}' if where else ''} does not hold: it is a "
+            f"measurement-only kernel, not in the shipped lattice. {MEASUREMENT_BUILD}"
+            + (", or unset KDA_K2_KERNEL" if forced == "k2" else ""))
+    return k2_name
 
 
 def serial_launch(lib: KernelLibrary, problem: Problem, sm_count: int, value_split: Optional[int] = None) -> Launch:
@@ -259,8 +271,7 @@ def serial_launch(lib: KernelLibrary, problem: Problem, sm_count: int, value_spl
             **_k2_ext_args(problem, None, off), t_total=problem.B * problem.T, n_seq=problem.N, n_heads=problem.H,
             cap=cap, **_v_strides(problem), stream=STREAM))
         return Launch(prog.finish(), layout.nbytes, "serial")
-    k2 = planner.select_variant(lib.kernels.values(), "k2_recurrence", plan.k2_constants)
-    prog.add(k2_kernel_name(lib, k2.name, vb), dict(
+    prog.add(k2_kernel_name(lib, planner.k2_variant(plan.k2_constants), vb), dict(
         v=Ref("v"), out=Ref("out"), **_workspace_args(off), seq_start=ws(off["seq_start"]),
         tile_prefix=ws(off["tile_prefix"]), seq_order=_seq_order(problem, off),
         initial_state=Ref("initial_state") if problem.has_initial else NULL,
@@ -335,10 +346,9 @@ def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count:
             common, seq_order=NULL, final_slot=ws(off["final_slot"]), real_seq_start=ws(real),
             **_k2_ext_args(problem, ws(off["carries"]), off), **sizes))
     elif not problem.has_final:
-        k2 = planner.select_variant(lib.kernels.values(), "k2_recurrence",
-                                    {"has_initial": True, "has_final": False, "state_fp32": True, "value_block": vb,
-                                     "accurate": accurate, "ablation": 0})
-        prog.add(k2_kernel_name(lib, k2.name, vb), dict(
+        k2 = planner.k2_variant({"has_initial": True, "has_final": False, "state_fp32": True, "value_block": vb,
+                                 "accurate": accurate, "ablation": 0})
+        prog.add(k2_kernel_name(lib, k2, vb), dict(
             common, seq_order=NULL, initial_state=ws(off["carries"]), final_state=NULL, **sizes))
     else:
         dtype = "f32" if problem.state_dtype == "float32" else "bf16"

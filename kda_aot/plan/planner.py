@@ -7,9 +7,9 @@ count, so it is unit-tested on the CPU.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Mapping, Optional, Tuple
+from typing import Mapping, Optional, Tuple
 
-from ..library.abi_constants import CHUNK, REGSTATE_VALUE_BLOCKS, D, VALUE_BLOCKS
+from ..library.abi_constants import CHUNK, REGSTATE_VALUE_BLOCKS, D, VALUE_BLOCKS, variant_constants
 
 # K2 value blocks per (sequence, head), one per block size the library ships: 1, 2 or 4 CTAs of
 # 128, 64 or 32 value rows each.
@@ -116,10 +116,14 @@ def plan_serial(*, T: int, N: int, H: int, varlen: bool, has_initial: bool, has_
                       f"{N * H} (sequence, head) pairs x {split} value blocks on {sm_count} SMs")
 
 
-def select_variant(kernels: Iterable, entry: str, constants: Mapping[str, object]) -> Any:
-    """The kernel whose manifest entry and constants match exactly."""
-    for kernel in kernels:
-        if kernel.args and getattr(kernel, "entry", None) == entry and all(
-                kernel.constants.get(k) == v for k, v in constants.items()):
-            return kernel
-    raise LookupError(f"no {entry} kernel with {dict(constants)} in this build")
+def k2_variant(constants: Mapping[str, object]) -> str:
+    """The name of the mma.sync K2 variant (k2_recurrence) whose constants are exactly `constants`
+    (SerialPlan.k2_constants), from this package's ABI rather than the loaded library: the shipped
+    lattice holds only its register-state twin at VB=64 and 128, which runs in its place
+    (launcher.k2_kernel_name). The twins have no `ablation` constant and every other K2 entry has
+    other constants, so exactly one variant matches."""
+    want = dict(constants)
+    for name, got in variant_constants().items():
+        if got == want:
+            return name
+    raise LookupError(f"no K2 variant with {want} in this package")

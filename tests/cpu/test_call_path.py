@@ -256,3 +256,34 @@ def test_dense_cp_builds_its_tables_from_the_shape(rec):
     names = _names(rec.last)
     assert names[0] == "cp_seg_tables_dense" and "cp_pre_scan_vb128" in names, names
     assert rec.last[0].args["t_total"] == 8192 and rec.last[0].args["n_seq"] == 1
+
+
+@pytest.mark.parametrize("cp,value_split", [("off", 2), ("off", 1), (4, 2)])
+def test_a_forced_mma_sync_k2_runs_only_where_the_library_holds_it(rec, monkeypatch, cp, value_split):
+    """KDA_K2_KERNEL=k2 at VB=64 or 128: the mma.sync K2 runs from a library of every variant
+    (KDA_KERNEL_LATTICE=all); a library of the shipped lattice refuses the call before any launch,
+    naming the switch, the kernel and the measurement build. Unforced, both run the twin."""
+    from kda_aot.errors import KernelNotBuiltError
+
+    lens = [200, 100]
+    x = problem_args(lens=lens, H=2, state="float32")
+    kw = dict(cp=cp, value_split=value_split, seq_lens=lens)
+
+    def k2_names():
+        call(x, workspace=_ws(x, **kw), **kw)
+        return [n for n in _names(rec.last) if n.startswith("k2_")]
+
+    monkeypatch.setenv("KDA_K2_KERNEL", "k2")
+    api.empty_cache()
+    if rec.lib.missing_variants():
+        with pytest.raises(KernelNotBuiltError, match=r"^KDA_K2_KERNEL=k2 forces the mma\.sync K2 k2_\w+_vb\d+, which "
+                                                      r".*KDA_KERNEL_LATTICE=all.*KDA_AOT_LIB_DIR"):
+            k2_names()
+        assert rec.calls == []
+    else:
+        k2 = k2_names()
+        assert k2 and not any(n.startswith("k2_regstate") for n in k2), k2
+    monkeypatch.delenv("KDA_K2_KERNEL")
+    api.empty_cache()
+    k2 = k2_names()
+    assert k2 and all(n.startswith("k2_regstate_") for n in k2), k2

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.append(str(ROOT))  # build_kernels lives only in the source tree (appended: kda_aot stays the installed one)
 from build_kernels import abi  # noqa: E402
 from build_kernels import abi_constants as build_constants  # noqa: E402
-from build_kernels.registry import all_variants  # noqa: E402
+from build_kernels.registry import all_variants, shipped_variants  # noqa: E402
 from kda_aot.library import abi_constants, identity, loader  # noqa: E402
 from kda_aot.library.abi_hash import abi_hash  # noqa: E402
 from kda_aot.intake.validation import ALIGNMENT  # noqa: E402
@@ -201,12 +201,66 @@ def test_changed_constant_is_another_abi():
         check(m)
 
 
-def test_missing_kernel_is_another_abi():
-    last = all_variants()[-1].name
-    m = manifest_for(variants=all_variants()[:-1])
-    with pytest.raises(identity.LibraryMismatchError, match=rf"kernel {last}: the library lacks it, this package expects "
-                                                            rf"{last}\("):
+# --------------------------------------------------------------------------------------------
+# The lattice: a library holds every shipped kernel, nothing outside all variants, each with this
+# package's signature (build_kernels/registry.py shipped_variants; docs/build.md, "Kernel lattice")
+
+def test_the_shipped_lattice_and_all_variants_are_both_accepted():
+    shipped = shipped_variants()
+    assert 0 < len(shipped) < len(all_variants())
+    check(manifest_for(variants=shipped))
+    check(manifest_for())
+
+
+def test_the_shipped_names_are_the_registrys():
+    from kda_aot.library import _abi
+
+    assert _abi.SHIPPED == {v.name for v in shipped_variants()}
+    assert _abi.SHIPPED <= {sig.split("(", 1)[0] for sig in _abi.SIGNATURES}
+
+
+def test_any_measurement_only_kernels_may_be_present():
+    """A library of the shipped lattice plus some measurement-only kernels (a --only build, an older
+    lattice) is accepted: each kernel is checked by its own signature."""
+    names = {v.name for v in shipped_variants()}
+    extra = [v for v in all_variants() if v.name not in names][:3]
+    check(manifest_for(variants=shipped_variants() + extra))
+    check(manifest_for(variants=all_variants()[:-1]))  # all but the last ablation
+
+
+@pytest.mark.parametrize("name", ["k1_prepare", "k2_regstate_inout_bf16_vb64", "k2_inout_f32_vb32", "approx_ex2"])
+def test_a_missing_shipped_kernel_is_refused(name):
+    m = manifest_for(variants=[v for v in shipped_variants() if v.name != name])
+    with pytest.raises(identity.LibraryMismatchError, match=rf"kernel ABI differs from this package's: kernel {name}: "
+                                                            rf"the library lacks it, this package ships it as {name}\("):
         check(m)
+
+
+def test_an_unknown_kernel_is_refused():
+    import dataclasses
+
+    base = next(v for v in all_variants() if v.name == "k2_inout_bf16_vb32")
+    stranger = dataclasses.replace(base, name="k2_inout_bf16_vb16", constants=base.constants)
+    m = manifest_for(variants=shipped_variants() + [stranger])
+    with pytest.raises(identity.LibraryMismatchError, match=r"kernel k2_inout_bf16_vb16: the library has "
+                                                            r"k2_inout_bf16_vb16\(.*this package has no such kernel"):
+        check(m)
+
+
+@pytest.mark.parametrize("name", ["k2_regstate_in_f32_vb128", "k2_in_f32_vb64", "k2_inout_bf16_vb64_acc_l2"])
+def test_a_kernel_of_another_signature_is_refused_shipped_or_not(name):
+    m = copy.deepcopy(manifest_for())
+    m["kernels"][kernel_index(m, name)]["args"][0]["align"] = 8
+    m["abi_hash"] = abi_hash(m["kernels"])
+    with pytest.raises(identity.LibraryMismatchError, match=rf"kernel {name}: the library has {name}\(v:ptr:bfloat16:8, "
+                                                            rf".*this package expects {name}\(v:ptr:bfloat16:16, "):
+        check(m)
+
+
+def test_a_kernel_listed_twice_is_refused():
+    twice = next(v for v in all_variants() if v.name == "k1_prepare")
+    with pytest.raises(identity.LibraryMismatchError, match="kernel k1_prepare: the library lists it 2 times"):
+        check(manifest_for(variants=shipped_variants() + [twice]))
 
 
 def test_the_kernel_order_is_not_part_of_the_abi():
@@ -254,13 +308,16 @@ def test_loader_refuses_a_hand_edited_manifest(tmp_path, monkeypatch):
     another version does not (identity is checked before the library is even opened)."""
     lib = built_library()
     shipped = json.loads((lib.parent / loader.MANIFEST_NAME).read_text())
-    if [k["name"] for k in shipped["kernels"]] != [v.name for v in all_variants()]:
+    names = [k["name"] for k in shipped["kernels"]]
+    variants = next((lattice for lattice in (shipped_variants(), all_variants())
+                     if names == [v.name for v in lattice]), None)
+    if variants is None:
         pytest.skip("the built library is from another registry")
     shutil.copy(lib, tmp_path / loader.LIB_NAME)
-    m = manifest_for(git_revision=shipped["git_revision"])
+    m = manifest_for(variants=variants, git_revision=shipped["git_revision"])
     monkeypatch.setattr(identity, "package_revision", lambda: shipped["git_revision"])
     (tmp_path / loader.MANIFEST_NAME).write_text(json.dumps(m))
-    assert list(loader.KernelLibrary(tmp_path).kernels) == [v.name for v in all_variants()]
+    assert list(loader.KernelLibrary(tmp_path).kernels) == names
     (tmp_path / loader.MANIFEST_NAME).write_text(json.dumps({**m, "package_version": "0.0.1"}))
     with pytest.raises(identity.LibraryMismatchError, match=r"built for kda-aot '0\.0\.1'"):
         loader.KernelLibrary(tmp_path)

@@ -55,36 +55,55 @@ def test_k2_kernel_picks_the_register_state_twin_where_it_exists():
 
 def test_k2_kernel_name_takes_a_twin_only_where_it_exists(monkeypatch):
     """launcher.k2_kernel_name: the planner's pick, or the one KDA_K2_KERNEL forces, when the library
-    has that twin; K2 itself otherwise (k2, no twin: VB=32, or not in this library); an unknown
+    has that twin; K2 itself otherwise (k2, no twin: VB=32, or not in this library). A library of
+    the shipped lattice lacks the mma.sync K2 where a twin exists: forcing it is an error naming
+    KDA_K2_KERNEL, the kernel and the measurement build; one of all variants runs it. An unknown
     KDA_K2_KERNEL is an error naming it."""
     from types import SimpleNamespace
 
+    from kda_aot.errors import KernelNotBuiltError
+    from kda_aot.library import abi_constants
     from kda_aot.plan import launcher
 
-    lib = SimpleNamespace(kernels={n: None for n in ("k2_regstate_in_f32_vb64", "k2_regstate_segments_bf16_vb128",
-                                                     "k2_regstate_in_bf16_vb64_acc",
-                                                     "k2_regstate_segments_f32_vb128_acc")})
+    shipped = SimpleNamespace(kernels=dict.fromkeys(abi_constants.SHIPPED), path="/lib/libkda_kernels.so")
+    every = SimpleNamespace(kernels=dict.fromkeys(abi_constants.variant_constants()))
 
-    def pick(flag, name, vb):
+    def pick(flag, name, vb, lib=shipped):
         if flag is None:
             monkeypatch.delenv("KDA_K2_KERNEL", raising=False)
         else:
             monkeypatch.setenv("KDA_K2_KERNEL", flag)
         return launcher.k2_kernel_name(lib, name, vb)
 
-    assert pick(None, "k2_in_f32_vb64", 64) == "k2_regstate_in_f32_vb64"
-    assert pick(None, "k2_segments_bf16_vb128", 128) == "k2_regstate_segments_bf16_vb128"
-    assert pick("k2", "k2_in_f32_vb64", 64) == "k2_in_f32_vb64"
-    assert pick("k2", "k2_segments_bf16_vb128", 128) == "k2_segments_bf16_vb128"
-    assert pick("regstate", "k2_in_bf16_vb128", 128) == "k2_in_bf16_vb128"  # not in this library
-    assert pick(None, "k2_in_f32_vb32", 32) == "k2_in_f32_vb32"
-    assert pick("regstate", "k2_in_f32_vb32", 32) == "k2_in_f32_vb32"
-    assert pick("regstate", "k2_in_f32_vb64_acc", 64) == "k2_in_f32_vb64_acc"  # not in this library
-    # numerics="accurate": its own twins, by the same name rule
-    assert pick(None, "k2_in_bf16_vb64_acc", 64) == "k2_regstate_in_bf16_vb64_acc"
-    assert pick(None, "k2_segments_f32_vb128_acc", 128) == "k2_regstate_segments_f32_vb128_acc"
-    assert pick("k2", "k2_in_bf16_vb64_acc", 64) == "k2_in_bf16_vb64_acc"
-    assert pick(None, "k2_in_bf16_vb32_acc", 32) == "k2_in_bf16_vb32_acc"
+    for lib in (shipped, every):
+        assert pick(None, "k2_in_f32_vb64", 64, lib) == "k2_regstate_in_f32_vb64"
+        assert pick(None, "k2_segments_bf16_vb128", 128, lib) == "k2_regstate_segments_bf16_vb128"
+        assert pick(None, "k2_ext_segments_f32_vb64", 64, lib) == "k2_regstate_ext_segments_f32_vb64"
+        assert pick("regstate", "k2_in_bf16_vb128", 128, lib) == "k2_regstate_in_bf16_vb128"
+        assert pick(None, "k2_in_f32_vb32", 32, lib) == "k2_in_f32_vb32"
+        assert pick("regstate", "k2_in_f32_vb32", 32, lib) == "k2_in_f32_vb32"
+        assert pick("k2", "k2_in_f32_vb32", 32, lib) == "k2_in_f32_vb32"
+        # numerics="accurate": its own twins, by the same name rule
+        assert pick(None, "k2_in_bf16_vb64_acc", 64, lib) == "k2_regstate_in_bf16_vb64_acc"
+        assert pick(None, "k2_segments_f32_vb128_acc", 128, lib) == "k2_regstate_segments_f32_vb128_acc"
+        assert pick(None, "k2_in_bf16_vb32_acc", 32, lib) == "k2_in_bf16_vb32_acc"
+    # forced mma.sync K2 where a twin exists: in a library of all variants only
+    assert pick("k2", "k2_in_f32_vb64", 64, every) == "k2_in_f32_vb64"
+    assert pick("k2", "k2_segments_bf16_vb128", 128, every) == "k2_segments_bf16_vb128"
+    assert pick("k2", "k2_in_bf16_vb64_acc", 64, every) == "k2_in_bf16_vb64_acc"
+    for name, vb in (("k2_in_f32_vb64", 64), ("k2_segments_bf16_vb128", 128), ("k2_ext_bf16_vb64", 64)):
+        with pytest.raises(KernelNotBuiltError, match=rf"^KDA_K2_KERNEL=k2 forces the mma\.sync K2 {name}, which the "
+                                                      r"kernel library /lib/libkda_kernels\.so does not hold: it is a "
+                                                      r"measurement-only kernel.*KDA_KERNEL_LATTICE=all.*KDA_AOT_LIB_DIR"
+                                                      r".*unset KDA_K2_KERNEL$"):
+            pick("k2", name, vb)
+    # the ablations (ci/numerics_table.py) are measurement-only too
+    assert pick(None, "k2_inout_bf16_vb64_acc_l1", 64, every) == "k2_inout_bf16_vb64_acc_l1"
+    with pytest.raises(KernelNotBuiltError, match=r"^K2 k2_inout_bf16_vb64_acc_l1 is asked for, .*KDA_KERNEL_LATTICE=all"):
+        pick(None, "k2_inout_bf16_vb64_acc_l1", 64)
+    # a library without the twin runs K2 itself
+    assert pick("regstate", "k2_in_bf16_vb128", 128, SimpleNamespace(kernels={"k2_in_bf16_vb128": None})) == \
+        "k2_in_bf16_vb128"
     with pytest.raises(ValueError, match="KDA_K2_KERNEL"):
         pick("folded", "k2_in_f32_vb64", 64)
 

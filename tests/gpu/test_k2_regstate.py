@@ -8,7 +8,9 @@ Each case runs the register-state kernel at value_split=2 (VB=64, producer warp)
 producer warpgroup), against K2 at the same split; the launch program is checked to hold its
 kernels (or K2's). Every output is poisoned with NaN before each run, so a token the register-state kernel
 skips shows; K2 is itself checked against float64 and FlashKDA elsewhere
-(tests/gpu/test_prefill.py, tests/gpu/test_flashkda.py)."""
+(tests/gpu/test_prefill.py, tests/gpu/test_flashkda.py). The mma.sync K2 at VB=64 and 128 is a
+measurement-only kernel: against a library of the shipped lattice these tests skip, naming the
+measurement build (KDA_KERNEL_LATTICE=all; docs/testing.md)."""
 
 import pytest
 
@@ -32,12 +34,17 @@ def _prefill(monkeypatch, flag, x, **kw):
     and the K2-family kernels its program ran."""
     import kda_aot
     from kda_aot import api
+    from kda_aot.errors import KernelNotBuiltError
 
     monkeypatch.setenv("KDA_K2_KERNEL", flag)
     api._PLANS.clear()  # the environment is read when a call is planned
     out = torch.full_like(x["v"], float("nan"))
     args = {k: x[k] for k in ("A_log", "dt_bias", "lower_bound", "cu_seqlens")}
-    res = kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], out=out, **args, **kw)
+    try:
+        res = kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], out=out, **args, **kw)
+    except KernelNotBuiltError as exc:  # a library of the shipped lattice: no mma.sync K2 at VB=64, 128
+        pytest.skip(f"needs the measurement build (KDA_KERNEL_LATTICE=all bash ci/build_wheels.sh cu12; "
+                    f"docs/testing.md): {str(exc).split(', which', 1)[0]}, which the loaded library does not hold")
     torch.cuda.synchronize()
     (plan,) = api._PLANS.values()
     k2 = [n for n in plan.launch.program.names if n.startswith("k2_")]
