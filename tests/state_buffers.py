@@ -1,6 +1,7 @@
 """Shared by the GPU tests of states, pools and checkpoints (tests/gpu/test_state_pool.py,
 tests/gpu/test_checkpoint_offsets.py, tests/gpu/test_vllm_step.py): the reference's inputs without an initial
-state, a prefill with their gate parameters, and poison to tell written memory from untouched."""
+state, a prefill with their gate parameters, a padded state pool, and poison to tell written memory
+from untouched."""
 
 import torch
 
@@ -38,3 +39,14 @@ def same_bits(a, b):
 def is_poison(t):
     """Every byte of t is still poison()'s."""
     return same_bits(t, poison(torch.empty_like(t)))
+
+
+def pool(S, H, dtype, pad, seed):
+    """A pool [S, H, 128, 128] with `pad` poisoned elements between slots; returns (pool view, storage)."""
+    D = 128
+    slot = H * D * D
+    storage = poison(torch.empty(S * (slot + pad), dtype=dtype, device="cuda"))
+    view = storage.as_strided((S, H, D, D), (slot + pad, D * D, D, 1))
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    view.copy_((0.1 * torch.randn((S, H, D, D), generator=gen, device="cuda")).to(dtype))
+    return view, storage

@@ -3,14 +3,11 @@ a later call of the same shape reuses its plan with the new pointers, that point
 on every call, and that nothing is kept or read back."""
 
 import gc
-import os
-import sys
 import threading
 import weakref
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
 from recording import Recorder, call, device_buffer, fresh, problem_args  # noqa: E402
 
 from kda_aot import api  # noqa: E402

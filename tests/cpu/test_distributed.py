@@ -106,10 +106,6 @@ def test_transfer_segments():
 
 @pytest.mark.parametrize("T,H,S", [(10000, 8, 5), (100, 64, 1), (4000, 2, 7)])
 def test_transfer_program_wires_k1_and_pre_scan_over_every_segment(monkeypatch, T, H, S):
-    import os
-    import sys
-
-    sys.path.insert(0, os.path.dirname(__file__))
     from recording import Recorder
 
     from kda_aot.plan import planner

@@ -23,7 +23,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-sys.path.insert(0, os.path.dirname(__file__))
 from torch_stand_ins import Recording  # noqa: E402
 
 from kda_aot import api  # noqa: E402

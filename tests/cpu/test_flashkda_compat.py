@@ -5,15 +5,12 @@ bound of the exact need (kda_aot.workspace_size_for) over every smaller call.
 tests/gpu/test_flashkda_compat.py runs it on the kernels and against FlashKDA itself.
 """
 
-import os
 import random
-import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-sys.path.insert(0, os.path.dirname(__file__))
 from torch_stand_ins import StandIn, gold  # noqa: E402
 
 import kda_aot  # noqa: E402

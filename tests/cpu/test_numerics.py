@@ -1,12 +1,10 @@
 """numerics="flashkda" | "accurate" on the CPU: the argument, the kernels a call picks,
 the manifest's variants, and the CPU emulation of both recipes against the float64 gold."""
 
-import os
 import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
 from recording import Recorder, call, device_buffer, problem_args  # noqa: E402
 
 from kda_aot import api  # noqa: E402

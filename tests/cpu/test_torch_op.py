@@ -8,7 +8,6 @@ workspace, so opcheck sees the same mutations the kernels make. What it cannot c
 kernels behind the op, tests/gpu/test_torch_op.py does.
 """
 
-import os
 import re
 import subprocess
 import sys
@@ -28,7 +27,6 @@ from kda_aot import reference
 D = 128
 
 
-sys.path.insert(0, os.path.dirname(__file__))
 from readme_snippets import readme_example  # noqa: E402
 from torch_stand_ins import FORMS, Recording, StandIn, gold, with_forms  # noqa: E402
 

@@ -5,8 +5,6 @@ arguments to it and refuses what the pool excludes. tests/gpu/test_state_pool.py
 the device.
 """
 
-import os
-import sys
 
 import pytest
 
@@ -16,7 +14,6 @@ import kda_aot.torch as kt  # noqa: E402
 from kda_aot import api  # noqa: E402
 from kda_aot import reference
 
-sys.path.insert(0, os.path.dirname(__file__))
 from torch_stand_ins import FORMS, gold, with_forms  # noqa: E402
 
 D = 128

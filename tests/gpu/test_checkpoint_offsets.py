@@ -11,41 +11,18 @@ tests/gpu/test_state_pool.py. Engine style: device offsets only, CUDA graphs wit
 copied in before each replay, and no host synchronisation.
 """
 
-import os
-import sys
 
 import pytest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 torch = pytest.importorskip("torch")
 
-sys.path.insert(0, os.path.dirname(__file__))
 from state_buffers import inputs as _inputs, is_poison as _is_poison, poison as _poison  # noqa: E402
-from state_buffers import prefill as _prefill, same_bits as _same_bits  # noqa: E402
+from state_buffers import pool as _pool, prefill as _prefill, same_bits as _same_bits  # noqa: E402
 
 D = 128
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 OFFSET_DTYPES = {"int32": torch.int32, "int64": torch.int64}
-
-
-
-
-
-
-
-
-
-
-
-
-def _pool(S, H, dtype, pad, seed):
-    """A pool [S, H, 128, 128] with `pad` poisoned elements between slots; returns (pool view, storage)."""
-    slot = H * D * D
-    storage = _poison(torch.empty(S * (slot + pad), dtype=dtype, device="cuda"))
-    pool = storage.as_strided((S, H, D, D), (slot + pad, D * D, D, 1))
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    pool.copy_((0.1 * torch.randn((S, H, D, D), generator=gen, device="cuda")).to(dtype))
-    return pool, storage
 
 
 def _poison_slots(pool, slots):

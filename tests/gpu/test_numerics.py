@@ -8,12 +8,9 @@ bounded by the error the CPU emulation of their recipe measures on the very same
 the same input.
 """
 
-import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 torch = pytest.importorskip("torch")
 

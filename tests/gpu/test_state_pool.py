@@ -7,35 +7,16 @@ against the serial checkpoints within the CP-vs-serial bound of tests/gpu/test_c
 throughout: cu_seqlens only on the device, fresh tensors, the caller's stream, CUDA graphs.
 """
 
-import os
-import sys
 
 import pytest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 torch = pytest.importorskip("torch")
 
-sys.path.insert(0, os.path.dirname(__file__))
-from state_buffers import inputs as _inputs, prefill as _prefill, poison as _poison  # noqa: E402
+from state_buffers import inputs as _inputs, pool as _pool, prefill as _prefill, poison as _poison  # noqa: E402
 
 D = 128
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-
-
-
-
-
-
-
-
-def _pool(S, H, dtype, pad, seed):
-    """A pool [S, H, 128, 128] with `pad` poisoned elements between slots; returns (pool view, storage)."""
-    slot = H * D * D
-    storage = _poison(torch.empty(S * (slot + pad), dtype=dtype, device="cuda"))
-    pool = storage.as_strided((S, H, D, D), (slot + pad, D * D, D, 1))
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    pool.copy_((0.1 * torch.randn((S, H, D, D), generator=gen, device="cuda")).to(dtype))
-    return pool, storage
 
 
 def _by_hand(x, pool, idx, cp):

@@ -18,15 +18,12 @@ by hand, per sequence on contiguous copies with explicit gathers and scatters:
      checkpoint_state prefix slices, then a scatter of both into the pool.
 """
 
-import os
-import sys
 
 import pytest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 torch = pytest.importorskip("torch")
 
-sys.path.insert(0, os.path.dirname(__file__))
 from state_buffers import poison as _poison, same_bits as _same_bits, is_poison as _is_poison  # noqa: E402
 
 D = 128
