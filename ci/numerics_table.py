@@ -1,6 +1,6 @@
 """numerics="flashkda" | "accurate" on the GPU: error against float64 beside FLA's chunk_kda, and time.
 
-    python3 ci/numerics_table.py [--out DIR] [--lengths 2048 8192 32768] [--class-lengths 8192] [--no-fla]
+    python3 ci/numerics_table.py [--out DIR] [--lengths 2048 8192 32768] [--class-lengths 8192] [--no-fla] [--no-cudnn]
                                  [--iters 30] [--skip-timing] [--skip-ablation] [--skip-classes]
 
 Writes DIR/numerics_table.md (and .json) as it goes, so a run cut short keeps what it measured:
@@ -9,7 +9,7 @@ Writes DIR/numerics_table.md (and .json) as it goes, so a run cut short keeps wh
 2. relative RMSE of output and final state against float64 per input class of
    kda_aot/references/input_classes.py (random, model, long, heavy, logdecay) and gate form (safe, softplus,
    log_decay with an fp32 g), H=2, one sequence, fp32 initial state, serial and cp="on", both
-   modes, FLA beside them; then against reference.gold_prefill (float64, per token, on
+   modes, FLA and cuDNN's Hopper engine beside them; then against reference.gold_prefill (float64, per token, on
    the GPU) for H=2, one sequence of each length, fp32 initial state, per input class (short
    memory, long memory g ~ N(-8, 1), weak decay lower_bound=-0.05), serial and cp="on", both
    modes; then FLA 0.6.0 chunk_kda (fp32 state, FlashKDA's flags) on the same inputs, when
@@ -67,9 +67,10 @@ class Report:
             lines += ["", "## relative RMSE against float64 per input class and gate form, output / final state "
                       "(H=2, one sequence, fp32 h0)", "",
                       "| input class | gate | T | flashkda serial | flashkda cp=on | accurate serial | accurate cp=on "
-                      "| FLA chunk_kda |", "|---|---|---|---|---|---|---|---|"]
+                      "| FLA chunk_kda | cuDNN engine |", "|---|---|---|---|---|---|---|---|---|"]
             for r in self.classes:
-                cells = [_pair(r.get(k)) for k in ("flashkda/off", "flashkda/on", "accurate/off", "accurate/on", "fla")]
+                cells = [_pair(r.get(k)) for k in ("flashkda/off", "flashkda/on", "accurate/off", "accurate/on", "fla",
+                                                   "cudnn")]
                 lines.append(f"| {r['class']} | {r['gate']} | {r['T']} | " + " | ".join(cells) + " |")
         lines += ["", "## relative RMSE against float64, output / final state (H=2, one sequence, fp32 h0)", "",
                   "| input class | T | flashkda serial | flashkda cp=on | accurate serial | accurate cp=on | FLA chunk_kda |",
@@ -259,9 +260,10 @@ def accuracy(report: Report, lengths, fla: bool) -> None:
         print(row["class"], row["T"], "FLA", row["fla"], f"({time.perf_counter() - t0:.1f} s)", flush=True)
 
 
-def class_accuracy(report: Report, lengths, fla: bool) -> None:
+def class_accuracy(report: Report, lengths, fla: bool, cudnn: bool = True) -> None:
     """Error against float64 per (input class, gate form) of CLASS_FORMS, both modes, serial and
-    cp="on", then FLA on the same inputs (last: Triton autotunes on its first call)."""
+    cp="on", then cuDNN's Hopper engine (where it computes the form and flashinfer is importable)
+    and FLA on the same inputs (last: Triton autotunes on its first call)."""
     import torch
 
     import kda_aot
@@ -286,6 +288,16 @@ def class_accuracy(report: Report, lengths, fla: bool) -> None:
             cases.append((row, x, cu, gold))
             report.write()
             print(row, flush=True)
+    if cudnn:  # cuDNN's Hopper engine on the same inputs, where its in-kernel gate is this form's
+        for row, x, cu, gold in cases:
+            run, c_out, c_final, why = bench.cudnn_runner(x, cu)
+            if run is None:
+                row["cudnn note"] = why
+                continue
+            run()
+            row["cudnn"] = bench.errors((c_out, c_final), gold)
+            report.write()
+            print(row["class"], row["gate"], row["T"], "cuDNN", row["cudnn"], flush=True)
     if not fla:
         return
     for row, x, cu, gold in cases:
@@ -304,6 +316,7 @@ def main(argv=None) -> int:
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--no-fla", action="store_true")
+    parser.add_argument("--no-cudnn", action="store_true", help="skip cuDNN's engine in the per-class table")
     parser.add_argument("--skip-timing", action="store_true")
     parser.add_argument("--skip-ablation", action="store_true")
     parser.add_argument("--skip-classes", action="store_true", help="skip the per-class, per-gate-form accuracy table")
@@ -319,7 +332,7 @@ def main(argv=None) -> int:
     if not args.skip_ablation:
         ablation(report, args.iters, args.warmup, args.ablation_lengths, not args.no_fla)
     if not args.skip_classes:
-        class_accuracy(report, args.class_lengths, not args.no_fla)
+        class_accuracy(report, args.class_lengths, not args.no_fla, not args.no_cudnn)
     accuracy(report, args.lengths, not args.no_fla)
     print(report.write())
     return 0
