@@ -14,7 +14,6 @@ Grid (ceil(N K / 256),) x 256 threads, one entry per thread.
 """
 
 import cuda.bindings.driver as cuda
-import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 

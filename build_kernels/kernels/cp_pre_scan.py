@@ -66,9 +66,9 @@ from cutlass import Float32, Int32, Int64
 from .. import abi_constants as ABI_CONSTANTS
 from .ptx_ops import (fma_rn, ldg_b32, lds_b32, lds_bf16_f32, lds_f32, ldsm_x4, ldsm_x4_t, mma_bf16_16816,
                       pack_bf16x2, select_b32, stg_f32, stg_f32_pair_from_bf16, sts_b32, unpack_bf16x2)
-from .recurrence_common import (BSIG_BYTES, GT_BYTES, SQ_BYTES, STAGES, TILE_BYTES, SequenceTiles, alloc_ring,
+from .recurrence_common import (BSIG_BYTES, GT_BYTES, SQ_BYTES, TILE_BYTES, SequenceTiles, alloc_ring,
                                 init_ring, mma_split, mma_warps, produce_tiles, solve_u_fragment,
-                                solve_u_fragment_accurate, state_f32_step, state_words_step, v_stride)
+                                solve_u_fragment_accurate, state_f32_step, state_words_step, v_stride, wait_stage_full)
 from .tile_ops import CHUNK, D, await_previous_grid, m_seg_column
 
 OFF_KD, OFF_KR = 0, TILE_BYTES
@@ -251,8 +251,7 @@ class CpPreScan:
             for e in cutlass.range_constexpr(32 * NB):
                 st[e] = zero
         for i in cutlass.range(seq.ntiles, unroll=1):
-            s = i % STAGES
-            cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
+            s = wait_stage_full(full, i)
             sb = buf_addr + s * SB
             start, m = seq.tile(i)
 

@@ -72,11 +72,11 @@ from cutlass import Int32, Int64, Float32
 from .ptx_ops import (add_rn, ldg_bf16_pair, ldg_f32, ldg_f32_pair_bf16, lds_b32, lds_bf16_f32, lds_f32,
                       ldsm_x4, ldsm_x4_t, mma_bf16_16816, pack_bf16x2, round_bf16x2, select_b32, stg_b32_if, stg_bf16_pair,
                       stg_f32, stg_f32_pair_from_bf16, sts_b32, unpack_bf16x2)
-from .recurrence_common import (FOLDED_PREFETCH, HEAD_ROW_BYTES, K2_OFF_BSIG, K2_OFF_GT, K2_OFF_INV, K2_OFF_KD,
+from .recurrence_common import (HEAD_ROW_BYTES, K2_OFF_BSIG, K2_OFF_GT, K2_OFF_INV, K2_OFF_KD,
                                 K2_OFF_KR, K2_OFF_MQK, K2_OFF_QD, K2_OFF_V, STAGES, K2Params, SequenceTiles, alloc_ring,
                                 init_ring, k2_cta_sequence, k2_params, k2_stage_bytes, k2_tile_source, mma_split,
                                 mma_warps, produce_first_tiles, produce_in_turn, produce_tiles, solve_u_fragment,
-                                solve_u_fragment_accurate, state_f32_step, state_words_step, v_stride)
+                                solve_u_fragment_accurate, state_f32_step, state_words_step, v_stride, wait_stage_full)
 from .. import abi_constants as ABI_CONSTANTS
 from .state_io import checkpoint_target, checkpoint_targets, k2_state_slots, sequence_start_of
 from .tile_ops import D
@@ -393,7 +393,7 @@ class K2Recurrence:
             s = i % STAGES
             if cutlass.const_expr(FOLDED):
                 produce_in_turn(warp, i, seq.ntiles, MMA_WARPS, full, empty, buf_addr, tile_source)
-            cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
+            wait_stage_full(full, i, s)
             sb = buf_addr + s * SB
             start, m = seq.tile(i)
 

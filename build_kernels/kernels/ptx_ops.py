@@ -227,35 +227,54 @@ mul_f16x2 = _f16x2_op("mul")
 
 # --- warp-level matrix instructions -------------------------------------------------------------
 
+# K1 and K2 / pre_scan each keep their flavour of three instructions (module docstring): one
+# implementation per instruction, the flavour (word type, side effects) its parameters.
+
+_MOVMATRIX_TRANS = "movmatrix.sync.aligned.m8n8.trans.b16 $0, $1;"
+_LDMATRIX_X4 = "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];"
+_MMA_16816_BF16 = ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                   "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
+
+
+def _movmatrix(x, word, side_effects, loc, ip):
+    return word(_asm([T.i32()], [_ir(x, word, loc, ip)], _MOVMATRIX_TRANS, "=r,r", side_effects, loc, ip))
+
+
+def _ldmatrix_x4(addr, word, loc, ip):
+    r = _asm([T.i32()] * 4, [_ir(addr, Int32, loc, ip)], _LDMATRIX_X4, "=r,=r,=r,=r,r", True, loc, ip)
+    return tuple(word(v) for v in r)
+
+
+def _mma_16816_bf16(a, b, c, word, side_effects, loc, ip):
+    ops = [_ir(x, word, loc, ip) for x in a] + [_ir(x, word, loc, ip) for x in b] + \
+          [_ir(x, Float32, loc, ip) for x in c]
+    d = _asm([T.f32()] * 4, ops, _MMA_16816_BF16, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", side_effects, loc, ip)
+    return tuple(Float32(v) for v in d)
+
+
 @dsl_user_op
 def movmatrix_trans(x, *, loc=None, ip=None) -> Uint32:
     """Transpose an 8x8 b16 matrix held as one mma fragment word per lane (K1: side effects)."""
-    return Uint32(_asm([T.i32()], [_ir(x, Uint32, loc, ip)], "movmatrix.sync.aligned.m8n8.trans.b16 $0, $1;",
-                       "=r,r", True, loc, ip))
+    return _movmatrix(x, Uint32, True, loc, ip)
 
 
 @dsl_user_op
 def movmatrix_t(x: Int32, *, loc=None, ip=None) -> Int32:
     """The same transpose, pure (K2 / pre_scan: register only, free to schedule)."""
-    return Int32(_asm([T.i32()], [_ir(x, Int32, loc, ip)], "movmatrix.sync.aligned.m8n8.trans.b16 $0, $1;",
-                      "=r,r", False, loc, ip))
+    return _movmatrix(x, Int32, False, loc, ip)
 
 
 @dsl_user_op
 def ldmatrix_x4(smem_addr, *, loc=None, ip=None):
     """ldmatrix .x4 (no transpose), Uint32 words (K1): lane l supplies the row address of matrix
     l//8, row l%8."""
-    r = _asm([T.i32()] * 4, [_ir(smem_addr, Int32, loc, ip)],
-             "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r", True, loc, ip)
-    return tuple(Uint32(v) for v in r)
+    return _ldmatrix_x4(smem_addr, Uint32, loc, ip)
 
 
 @dsl_user_op
 def ldsm_x4(addr: Int32, *, loc=None, ip=None):
     """The same ldmatrix .x4 as Int32 words (K2 / pre_scan)."""
-    r = _asm([T.i32()] * 4, [_ir(addr, Int32, loc, ip)],
-             "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r", True, loc, ip)
-    return tuple(Int32(v) for v in r)
+    return _ldmatrix_x4(addr, Int32, loc, ip)
 
 
 @dsl_user_op
@@ -270,25 +289,13 @@ def ldsm_x4_t(addr: Int32, *, loc=None, ip=None):
 def mma_m16n8k16_bf16_f32(a, b, c, *, loc=None, ip=None):
     """D = A*B + C, bf16 inputs, fp32 accumulate (K1: side effects, Uint32 words).
     a: 4 words, b: 2 words, c: 4 fp32 -> 4 fp32."""
-    args = [_ir(v, Uint32, loc, ip) for v in a] + [_ir(v, Uint32, loc, ip) for v in b] + \
-           [_ir(v, Float32, loc, ip) for v in c]
-    d = _asm([T.f32()] * 4, args,
-             "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-             "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
-             "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", True, loc, ip)
-    return tuple(Float32(v) for v in d)
+    return _mma_16816_bf16(a, b, c, Uint32, True, loc, ip)
 
 
 @dsl_user_op
 def mma_bf16_16816(a, b, c, *, loc=None, ip=None):
     """The same product, pure (K2 / pre_scan, Int32 words): D = A(16x16 bf16) * B(16x8 bf16) + C."""
-    ops = [_ir(x, Int32, loc, ip) for x in a] + [_ir(x, Int32, loc, ip) for x in b] + \
-          [_ir(x, Float32, loc, ip) for x in c]
-    d = _asm([T.f32()] * 4, ops,
-             "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-             "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
-             "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", False, loc, ip)
-    return tuple(Float32(v) for v in d)
+    return _mma_16816_bf16(a, b, c, Int32, False, loc, ip)
 
 
 @dsl_user_op

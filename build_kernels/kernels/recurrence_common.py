@@ -204,6 +204,24 @@ def init_ring(warp: Int32, full: cute.Pointer, empty: cute.Pointer, consumers: c
     cute.arch.barrier()
 
 
+def wait_stage_full(full: cute.Pointer, i, s=None):
+    """Tile i's stage of the ring (s = i % STAGES, unless the caller formed it already) once its
+    copies have landed: the stage's full barrier completes once per round, so round i // STAGES
+    waits at that round's parity. Emitted inline."""
+    if s is None:
+        s = i % STAGES
+    cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
+    return s
+
+
+def wait_stage_empty(empty: cute.Pointer, i):
+    """Tile i's stage once its consumers released round i // STAGES - 1: the parity before this
+    round's, which a fresh barrier passes at once (round 0). Emitted inline."""
+    s = i % STAGES
+    cute.arch.mbarrier_wait(empty + s, ((i // STAGES) & 1) ^ 1)
+    return s
+
+
 @cute.jit
 def produce_tile(full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, i: Int32, tok0: Int32, tok_end: Int32,
                  slot0: Int64, v_row0: Int64, row_step: Int64, images: tuple, smalls: tuple,
@@ -216,8 +234,7 @@ def produce_tile(full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, i: In
     images: ((smem offset, global base), ...) of 4 KiB raw tile images; smalls: ((smem offset,
     global base, bytes), ...) of per-slot tensors; v rows start at v_row0 + token * row_step.
     """
-    s = i % STAGES
-    cute.arch.mbarrier_wait(empty + s, ((i // STAGES) & 1) ^ 1)
+    s = wait_stage_empty(empty, i)
     start = tok0 + i * CHUNK
     m = cutlass.min(tok_end - start, CHUNK)
     slot = slot0 + Int64(i)

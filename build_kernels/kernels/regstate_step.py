@@ -18,8 +18,8 @@ from .ptx_ops import (add_rn, fma_rn, ldg_b32, ldg_b32_if, ldg_f32_pair_bf16_if,
                       round_bf16x2, smem_desc, stg_b32, stg_b32_if, stg_v2_f32, sub_rn, unpack_bf16x2, wgmma_commit,
                       wgmma_fence, wgmma_m64n16k16_rs, wgmma_m64n128k16_rs_mn, wgmma_wait)
 from .recurrence_common import (HEAD_ROW_BYTES, K2_OFF_BSIG, K2_OFF_GT, K2_OFF_INV, K2_OFF_KD, K2_OFF_KR,
-                                K2_OFF_MQK, K2_OFF_QD, K2_OFF_V, STAGES, K2Params, SequenceTiles, k2_stage_bytes,
-                                v_stride)
+                                K2_OFF_MQK, K2_OFF_QD, K2_OFF_V, K2Params, SequenceTiles, k2_stage_bytes,
+                                v_stride, wait_stage_full)
 from .state_io import checkpoint_target, checkpoint_targets, sequence_start_of
 from .tile_ops import D
 
@@ -82,8 +82,7 @@ def _lane_layout(warp, lane, vblk, n, h64, H64, VB: int):
 def _next_tile(i, full, buf_addr, SB: int, seq):
     """Tile i of the sequence (SequenceTiles) from the ring, both recipes (emitted inline): wait until
     its stage is full; (stage, its shared address, first token, valid rows)."""
-    s = i % STAGES
-    cute.arch.mbarrier_wait(full + s, (i // STAGES) & 1)
+    s = wait_stage_full(full, i)
     sb = buf_addr + s * SB
     return (s, sb) + seq.tile(i)
 
