@@ -12,7 +12,7 @@ Three references, all on the inputs' device (CPU or CUDA):
   kernels, not a bitwise one (§2.4 note); a GPU caller may pass the real approximations via
   `approx=`.
 * `chunked_prefill(mode="accurate")`: the recipe of numerics="accurate" (docs/numerics.md): K1'
-  (each gated operand rounded once), the tile step with an fp32 state, unrounded u, r entering
+  (each gated operand rounded once from fp32 q^, k^ and factors, Mqk from their bf16 pairs), the tile step with an fp32 state, unrounded u, r entering
   INV r as a bf16 hi + lo pair, U rounded once, and one output rounding. Not bitwise (the order of the kernels' fp32
   accumulation is not modelled); it measures what each rounding costs on the CPU.
 
@@ -111,7 +111,7 @@ class _ExactMath:
     def fma(self, a, b, c):
         return a * b + c
 
-    def l2n(self, x):
+    def l2n(self, x, rounded=True):
         return x / torch.sqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
 
     def entry_state(self, s):
@@ -145,9 +145,10 @@ class _EmulateMath:
         # Tanh-based sigmoid of the kernels: fma(th(0.5x), 0.5, 0.5).
         return _fma32(self._tanh(x * self.const(0.5, x)), 0.5, 0.5)
 
-    def l2n(self, x):
+    def l2n(self, x, rounded=True):
         """P1: 16 lanes x 8 elements, sequential fma chain per lane, xor butterfly 8,4,2,1,
-        then bf(x * rsqrt(p + 1e-6)). All lanes end with the same sum (fp add commutes)."""
+        then bf(x * rsqrt(p + 1e-6)). All lanes end with the same sum (fp add commutes).
+        rounded=False: x * rsqrt in fp32, unrounded (K1' of numerics="accurate")."""
         xr = x.unflatten(-1, (16, D // 16))
         p = torch.zeros(xr.shape[:-1], dtype=x.dtype, device=x.device)
         for i in range(D // 16):
@@ -156,7 +157,8 @@ class _EmulateMath:
         for o in (8, 4, 2, 1):
             p = p + p[..., lane ^ o]
         r = self._rsqrt(p + self.const(L2_EPS, p))
-        return _bf(xr * r[..., None]).flatten(-2)
+        y = (xr * r[..., None]).flatten(-2)
+        return _bf(y) if rounded else y
 
     def entry_state(self, s):
         return _bf(s.float())  # Q6: S = bf(initial), RNE
@@ -377,21 +379,28 @@ def _prepare_tiles(m, q, k, g, beta, A_log, dt_bias, lb, scale, length):
     nt = -(-length // CHUNK)
     valid = torch.arange(nt * CHUNK, device=q.device) < length
     valid = valid.unflatten(0, (nt, CHUNK))[:, None, :, None]  # [nt, 1, 16, 1]
-    qh = m.l2n(_to_tiles(q, length))  # padded rows are 0 -> 0 after normalisation
-    kh = m.l2n(_to_tiles(k, length))
+    single = getattr(m, "k1_single_rounding", False)
+    # padded rows are 0 -> 0 after normalisation; K1' keeps q^ and k^ in fp32 until they are gated
+    qh = m.l2n(_to_tiles(q, length), rounded=not single)
+    kh = m.l2n(_to_tiles(k, length), rounded=not single)
     a2 = _gate_log2(m, _to_tiles(g, length), A_log, dt_bias, lb)
     a2 = torch.where(valid, a2, torch.zeros_like(a2))  # padded rows add exactly 0 (P3)
     G = _cumsum_rows(a2)
     gam = m.ex2(G[..., -1, :])  # P4: fp32 gamma, stored unrounded
-    if getattr(m, "k1_single_rounding", False):
+    if single:
         # K1' of numerics="accurate" (docs/numerics.md): each gated operand rounded once, from
-        # fp32 factors (FlashKDA rounds 2^G, 2^-G, gamma and the scale first)
+        # fp32 q^, k^ and factors (FlashKDA rounds q^, k^, 2^G, 2^-G, gamma and the scale first)
         e, ebar = m.ex2(G), m.ex2(-G)
-        Qd = m.rb(qh * e * m.const(scale, qh))
+        Qdf = qh * e * m.const(scale, qh)
+        Qd = m.rb(Qdf)
         Kd = m.rb(kh * e)
         Kif = kh * ebar
         Ki = m.rb(Kif)
         Kr = m.rb(Kif * gam[..., None, :])
+        # Mqk from the bf16 pairs of Qd and Ki (hi + lo, lo = bf(x - hi)): three fp32-accumulated
+        # products, summed (Qd_lo Ki^T + Qd Ki_lo^T) + Qd Ki^T as K1' sums them
+        Qlo = m.rb(Qdf - Qd)
+        Kilo_t = m.rb(Kif - Ki).transpose(-1, -2)
     else:
         e, ebar = m.rb(m.ex2(G)), m.rb(m.ex2(-G))
         Qd = m.rb(m.rb(qh * e) * m.rb(m.const(scale, qh)))  # P5
@@ -402,7 +411,10 @@ def _prepare_tiles(m, q, k, g, beta, A_log, dt_bias, lb, scale, length):
     Kit = Ki.transpose(-1, -2)
     L = torch.tril(m.rh(m.mm(Kd, Kit)), diagonal=-1)  # P6
     L = m.rh(L * m.rh(b)[..., :, None])
-    Mqk = torch.tril(m.rb(m.mm(Qd, Kit)))  # P7
+    if single:
+        Mqk = torch.tril(m.rb((m.mm(Qlo, Kit) + m.mm(Qd, Kilo_t)) + m.mm(Qd, Kit)))
+    else:
+        Mqk = torch.tril(m.rb(m.mm(Qd, Kit)))  # P7
     INV = m.rb(_neumann16(m, L))
     return Qd, Kd, Kr, gam, b, INV, Mqk
 

@@ -27,6 +27,11 @@ Stages and thread roles (warps w0..w7):
                fp16 Neumann product (fp16-accumulating mma.sync, movmatrix transposes, packed fp16
                adds; all in registers) -> INV; stores INV and bsig.
      w1:       Mqk = Qd Ki^T -> bf16, causal mask, store.
+     K1' (numerics="accurate"): q^ and k^ stay fp32 until they are gated (stage 2b keeps the raw
+               row and its rsqrt), each gated operand is rounded once, and stage 3 also writes the
+               residues Qd_lo = bf(Qd32 - Qd), Ki_lo = bf(Ki32 - Ki); w1 and w2 then form one
+               8-column block of Mqk each from Qd Ki^T + Qd_lo Ki^T + Qd Ki_lo^T (76 MMAs a tile
+               where K1 has 44).
 
 Shared memory (static, 26,120 B + alignment, so smem allows 8 CTAs/SM; registers allow
 CTAS_PER_SM = 5 at 48 per thread, which the launch asks ptxas to keep):
@@ -38,6 +43,9 @@ CTAS_PER_SM = 5 at 48 per thread, which the launch asks ptxas to keep):
                                                      (K1': fp32, 2 x 16 x 132 x 4 = 2 x 8448 B)
   sGb               256 B                            bf(gamma)
   mbar              8 B
+  sQlo, sKilo       2 x 4096 B                       K1' only: the residue images (the general K1'
+                                                     lays them over sG, which only wide tiles read)
+K1' takes 42,760 B and stays at five CTAs per SM.
 
 Rounding follows docs/algorithm.md §2.4 op by op. The gate and norm arithmetic uses explicit `.rn` PTX
 (ptx_ops.mul_rn_ftz/add_rn_ftz/fma_rn_ftz) so ptxas cannot contract `c*s` into the cumsum; products of
@@ -56,8 +64,8 @@ from cutlass import BFloat16, Float32, Int32, Int64, Uint8, Uint32
 from .ptx_ops import ex2_approx_ftz, f16x2_to_f32x2, f32x2_to_bf16x2, ldg_b32, mul_rn_ftz
 from .tile_ops import (CHUNK, D, LOG2E, await_previous_grid, bulk_g2s_tensor, bulk_s2g_elected, raw_tile_layout, round_bf16)
 from .tile_prep import (BETA_LOGITS, F32_FACTOR_ROW, GATE_LOGDECAY, GATE_SAFE, PAD_ROW, decayed_images,
-                        gate_factors, gate_factors_general, inverse_fragments, l2norm_hat, mqk_words,
-                        product_fragments, qk_products, select as _select, decayed_images_wide, wide_tile_products)
+                        gate_factors, gate_factors_general, inverse_fragments, l2norm_hat, mqk_block_words,
+                        mqk_split_products, mqk_words, product_fragments, qk_products, select as _select, decayed_images_wide, wide_tile_products)
 
 THREADS = 256
 # Five CTAs per SM, set by registers: 48 per thread at most (ptxas would otherwise take 57 for the
@@ -179,7 +187,8 @@ class K1Params(NamedTuple):
 
 class K1Smem(NamedTuple):
     """K1's shared memory (module docstring), in allocation order; the general K1 adds sKi_buf, sG
-    and sWide (None otherwise). sQd, sKd, sKr are the output images over the staging buffers (all
+    and sWide, the accurate K1' sQlo and sKilo, the rounding residues of Qd and Ki for Mqk (None
+    otherwise). sQd, sKd, sKr are the output images over the staging buffers (all
     staging reads finish before barrier B1)."""
 
     sQin: Any
@@ -193,6 +202,8 @@ class K1Smem(NamedTuple):
     mbar: Any
     sG: Any
     sWide: Any
+    sQlo: Any
+    sKilo: Any
     sQd: Any
     sKd: Any
     sKr: Any
@@ -268,7 +279,18 @@ class K1Prepare:
             sG = smem.allocate_tensor(Float32, cute.make_layout((CHUNK, F32_FACTOR_ROW), stride=(F32_FACTOR_ROW, 1)),
                                       byte_alignment=128)
             sWide = smem.allocate_array(Int32, 4)
-        return K1Smem(sQin, sKin, sGin, sKi_buf, sKi, sE, sEbar, sGb, mbar, sG, sWide,
+        sQlo = None
+        sKilo = None
+        if cfg.accurate:
+            if cfg.general:
+                # over sG (8,448 B), which only a wide tile reads after B1; only other tiles write these
+                base = cute.recast_ptr(sG.iterator, dtype=BFloat16)
+                sQlo = cute.make_tensor(base, raw_tile_layout())
+                sKilo = cute.make_tensor(base + CHUNK * D, raw_tile_layout())
+            else:
+                sQlo = smem.allocate_tensor(BFloat16, raw_tile_layout(), byte_alignment=128)
+                sKilo = smem.allocate_tensor(BFloat16, raw_tile_layout(), byte_alignment=128)
+        return K1Smem(sQin, sKin, sGin, sKi_buf, sKi, sE, sEbar, sGb, mbar, sG, sWide, sQlo, sKilo,
                       cute.make_tensor(sQin.iterator, raw_tile_layout()), cute.make_tensor(sKin.iterator, raw_tile_layout()),
                       cute.make_tensor(cute.recast_ptr(sGin.iterator, dtype=BFloat16), raw_tile_layout()))
 
@@ -313,17 +335,19 @@ class K1Prepare:
             # bf(x * rsqrt) of stage 2b, 4 words per chunk, kept across B1 for stage 3 (registers: every
             # index is a compile-time constant).
             hat = cute.make_rmem_tensor(16, Uint32)
+            # K1' keeps the raw rows in hat and their rsqrt here (l2norm_hat keep_raw)
+            norm = cute.make_rmem_tensor(1, Float32) if cutlass.const_expr(cfg.accurate) else None
             # B1 and B2 are each ONE bar.sync that all 256 threads execute outside the role branches: a
             # CTA barrier reached from two different instructions (one per role) is what synccheck
             # reports as "Divergent thread(s) in block", although the hardware counts the arrivals alike.
-            self.gate_and_norm(p, sm, warp, lane, chan, gate_a, dt, m, slot, row, quad, is_k, hat)
+            self.gate_and_norm(p, sm, warp, lane, chan, gate_a, dt, m, slot, row, quad, is_k, hat, norm)
 
             cute.arch.barrier()  # B1: e, ebar, bf(gamma) published; staging reads done
 
             wide = None
             if cutlass.const_expr(cfg.general):
                 wide = self.wide_tile(sm)
-            self.images(p, sm, warp, wide, row, quad, is_k, hat)
+            self.images(p, sm, warp, wide, row, quad, is_k, hat, norm)
             cute.arch.barrier()  # B2
 
             self.store_images(p, sm, warp, slot)
@@ -395,15 +419,18 @@ class K1Prepare:
 
     @cute.jit
     def gate_and_norm(self, p: K1Params, sm: K1Smem, warp: Int32, lane: Int32, chan: Int32, gate_a, dt, m: Int32,
-                      slot: Int64, row: Int32, quad: Int32, is_k, hat: cute.Tensor):
-        """Stage 2: the L2 norm (P1) of q and k in w4-w7 (hat), the gate (P2-P4) in w0-w3, a thread
+                      slot: Int64, row: Int32, quad: Int32, is_k, hat: cute.Tensor, norm):
+        """Stage 2: the L2 norm (P1) of q and k in w4-w7 (hat; K1': the raw row, its rsqrt in norm), the gate (P2-P4) in w0-w3, a thread
         per key channel: e, ebar and bf(gamma) to shared memory, gamma to the workspace."""
         cfg = self.config
         if warp >= 4:
             # ---- stage 2b: L2 norm (P1).
             row_valid = row < m
             src = _select(is_k, sm.sKin.iterator.toint(), sm.sQin.iterator.toint(), Int32) + row * (PAD_ROW * 2)
-            l2norm_hat(src, row_valid, quad, hat)
+            if cutlass.const_expr(cfg.accurate):
+                norm[0] = l2norm_hat(src, row_valid, quad, hat, keep_raw=True)
+            else:
+                l2norm_hat(src, row_valid, quad, hat)
         else:
             # ---- stage 2a: gate (P2-P4), thread = key channel.
             if cutlass.const_expr(cfg.general):
@@ -431,22 +458,24 @@ class K1Prepare:
         return WideTile(flag, sQh, sKh, sL, sM)
 
     @cute.jit
-    def images(self, p: K1Params, sm: K1Smem, warp: Int32, wide, row: Int32, quad: Int32, is_k, hat: cute.Tensor):
+    def images(self, p: K1Params, sm: K1Smem, warp: Int32, wide, row: Int32, quad: Int32, is_k, hat: cute.Tensor,
+               norm):
         """Stage 3 (w4-w7): the decayed tiles (P5) as raw images, then the fence that lets stage 4's
         bulk stores read them through the async proxy."""
         accurate = self.config.accurate
+        inv_norm = norm[0] if cutlass.const_expr(accurate) else None
         if warp >= 4:
             if cutlass.const_expr(self.config.general):
                 if wide.flag != 0:
                     # no Ki (2^-G overflows): its buffer and ebar's take q^ and k^ for the products
                     decayed_images_wide(hat, row, quad, is_k, sm.sE, sm.sG, sm.sQd, sm.sKd, sm.sKr, wide.sQh,
-                                        wide.sKh, p.scale, accurate)
+                                        wide.sKh, p.scale, accurate, inv_norm)
                 else:
                     decayed_images(hat, row, quad, is_k, sm.sE, sm.sEbar, sm.sGb, sm.sQd, sm.sKd, sm.sKi, sm.sKr,
-                                   p.scale, accurate)
+                                   p.scale, accurate, inv_norm, sm.sQlo, sm.sKilo)
             else:
                 decayed_images(hat, row, quad, is_k, sm.sE, sm.sEbar, sm.sGb, sm.sQd, sm.sKd, sm.sKi, sm.sKr, p.scale,
-                               accurate)
+                               accurate, inv_norm, sm.sQlo, sm.sKilo)
             # The S2G bulk copies read the images through the async proxy.
             cute.arch.fence_proxy("async.shared", space="cta")
 
@@ -476,16 +505,56 @@ class K1Prepare:
             if wide.flag != 0:
                 wide_tile_products(sm.sG, wide.sQh, wide.sKh, wide.sL, wide.sM, warp, lane, p.scale)
                 cute.arch.barrier()  # B3: the products published
-        if warp < 2:
-            a_img = _select(warp == 0, sm.sKd.iterator.toint(), sm.sQd.iterator.toint(), Int32) + lane * 16
+        if cutlass.const_expr(cfg.accurate):
+            self.products_accurate(p, sm, warp, lane, wide, slot, m, row_lo, logit_lo, logit_hi)
+        else:
+            if warp < 2:
+                a_img = _select(warp == 0, sm.sKd.iterator.toint(), sm.sQd.iterator.toint(), Int32) + lane * 16
+                b_img = sm.sKi.iterator.toint() + lane * 16
+                if cutlass.const_expr(cfg.general):
+                    col0 = 2 * (lane & 3)
+                    # a wide tile's products come from wide_tile_products, the others' from the images
+                    acc_r = cute.make_rmem_tensor(8, Float32)
+                    if wide.flag != 0:
+                        src = _select(warp == 0, wide.sL.iterator.toint(), wide.sM.iterator.toint(), Int32)
+                        frags = product_fragments(src, row_lo, col0)
+                        for i in cutlass.range_constexpr(8):
+                            acc_r[i] = frags[i // 4][i % 4]
+                    else:
+                        frags = qk_products(a_img, b_img)
+                        for i in cutlass.range_constexpr(8):
+                            acc_r[i] = frags[i // 4][i % 4]
+                    acc = [[acc_r[0], acc_r[1], acc_r[2], acc_r[3]], [acc_r[4], acc_r[5], acc_r[6], acc_r[7]]]
+                else:
+                    acc = qk_products(a_img, b_img)
+                    # Fragment coordinates: row 8h + row_lo, column 8nb + col0 + {0, 1}; only the diagonal
+                    # blocks (h == nb) need per-element masks, compared on block-local indices.
+                    col0 = 2 * (lane & 3)
+
+                word_out = row_lo * (CHUNK // 2) + (lane & 3)  # u32 index of (row_lo, col0) in a 16x16 bf16 tile
+                small_off = slot * (CHUNK * CHUNK)
+                if warp == 0:
+                    self.store_inverse(p, acc, lane, row_lo, col0, logit_lo, logit_hi, word_out, small_off, slot, m)
+                else:
+                    self.store_mqk(p, acc, row_lo, col0, word_out, small_off)
+
+    @cute.jit
+    def products_accurate(self, p: K1Params, sm: K1Smem, warp: Int32, lane: Int32, wide, slot: Int64, m: Int32,
+                          row_lo: Int32, logit_lo, logit_hi):
+        """Stage 4 of K1': w0 as in products (L = Kd Ki^T, INV and bsig); Mqk from the fp32 operands'
+        bf16 pairs (tile_prep.mqk_split_products), w1 column block 0 and w2 block 1, three products
+        each. A general K1's wide tile takes Mqk from wide_tile_products in w1."""
+        cfg = self.config
+        col0 = 2 * (lane & 3)
+        word_out = row_lo * (CHUNK // 2) + (lane & 3)  # u32 index of (row_lo, col0) in a 16x16 bf16 tile
+        small_off = slot * (CHUNK * CHUNK)
+        if warp == 0:
+            a_img = sm.sKd.iterator.toint() + lane * 16
             b_img = sm.sKi.iterator.toint() + lane * 16
             if cutlass.const_expr(cfg.general):
-                col0 = 2 * (lane & 3)
-                # a wide tile's products come from wide_tile_products, the others' from the images
                 acc_r = cute.make_rmem_tensor(8, Float32)
                 if wide.flag != 0:
-                    src = _select(warp == 0, wide.sL.iterator.toint(), wide.sM.iterator.toint(), Int32)
-                    frags = product_fragments(src, row_lo, col0)
+                    frags = product_fragments(wide.sL.iterator.toint(), row_lo, col0)
                     for i in cutlass.range_constexpr(8):
                         acc_r[i] = frags[i // 4][i % 4]
                 else:
@@ -495,16 +564,32 @@ class K1Prepare:
                 acc = [[acc_r[0], acc_r[1], acc_r[2], acc_r[3]], [acc_r[4], acc_r[5], acc_r[6], acc_r[7]]]
             else:
                 acc = qk_products(a_img, b_img)
-                # Fragment coordinates: row 8h + row_lo, column 8nb + col0 + {0, 1}; only the diagonal
-                # blocks (h == nb) need per-element masks, compared on block-local indices.
-                col0 = 2 * (lane & 3)
+            self.store_inverse(p, acc, lane, row_lo, col0, logit_lo, logit_hi, word_out, small_off, slot, m)
+        else:
+            if warp < 3:
+                if cutlass.const_expr(cfg.general):
+                    if wide.flag != 0:
+                        if warp == 1:
+                            frags = product_fragments(wide.sM.iterator.toint(), row_lo, col0)
+                            self.store_mqk(p, frags, row_lo, col0, word_out, small_off)
+                    else:
+                        self.mqk_split_block(p, sm, warp, lane, row_lo, col0, word_out, small_off)
+                else:
+                    self.mqk_split_block(p, sm, warp, lane, row_lo, col0, word_out, small_off)
 
-            word_out = row_lo * (CHUNK // 2) + (lane & 3)  # u32 index of (row_lo, col0) in a 16x16 bf16 tile
-            small_off = slot * (CHUNK * CHUNK)
-            if warp == 0:
-                self.store_inverse(p, acc, lane, row_lo, col0, logit_lo, logit_hi, word_out, small_off, slot, m)
-            else:
-                self.store_mqk(p, acc, row_lo, col0, word_out, small_off)
+    def mqk_split_block(self, p: K1Params, sm: K1Smem, warp, lane, row_lo, col0, word_out, small_off):
+        """w1 / w2 of K1': column block warp - 1 of Mqk from the bf16 pairs, masked and stored."""
+        nb = warp - 1
+        lane_off = lane * 16
+        acc = mqk_split_products(sm.sQd.iterator.toint() + lane_off, sm.sQlo.iterator.toint() + lane_off,
+                                 sm.sKi.iterator.toint() + lane_off, sm.sKilo.iterator.toint() + lane_off, nb)
+        mMqk = cute.make_tensor(cute.recast_ptr(p.ws_mqk + small_off, dtype=Uint32),
+                                cute.make_layout(CHUNK * CHUNK // 2))
+
+        def store(h, w):
+            mMqk[word_out + h * 8 * (CHUNK // 2) + nb * 4] = w
+
+        mqk_block_words(acc, row_lo, col0, nb, store)
 
     @cute.jit
     def store_inverse(self, p: K1Params, acc, lane: Int32, row_lo: Int32, col0: Int32, logit_lo, logit_hi,

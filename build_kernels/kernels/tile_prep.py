@@ -12,10 +12,10 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Uint32
 
-from .ptx_ops import (add_f16x2, add_rn_ftz, ex2_approx_ftz, f32x2_to_bf16x2, f32x2_to_f16x2, fma_rn_ftz,
+from .ptx_ops import (add_f16x2, add_rn, add_rn_ftz, ex2_approx_ftz, f32x2_to_bf16x2, f32x2_to_f16x2, fma_rn_ftz,
                       ld_shared_v4, ldmatrix_x4, lds_b32, lds_f32, lg2_approx_ftz, mma_m16n8k16_bf16_f32,
                       mma_m16n8k16_f16_f16, movmatrix_trans, mul_f16x2, mul_rn_ftz, rsqrt_approx_ftz, st_shared_v4,
-                      sub_f16x2, u32_as_f32)
+                      sub_f16x2, sub_rn, u32_as_f32)
 from .tile_ops import CHUNK, D, LOG2E, bf16x2_to_f32x2, raw_tile_layout, round_bf16, sigmoid_tanh
 
 PAD_ROW = D + 8  # staging row stride in elements (272 B, a multiple of 16 for the bulk copies)
@@ -79,14 +79,19 @@ def _f32x8(addr):
     return [u32_as_f32(w) for w in words]
 
 
-def l2norm_hat(src, row_valid, quad, hat):
+def l2norm_hat(src, row_valid, quad, hat, keep_raw=False):
     """P1 for one token row of q or k (4 lanes per row, 4 chunks of 8 per lane): the staging row at
     shared address `src` (rows >= m were never loaded, read as zero) into hat[0..15], bf(x * rsqrt)
-    as 4 words per chunk."""
+    as 4 words per chunk. keep_raw (numerics="accurate"): hat keeps the row x itself (zero past m)
+    and the return value rsqrt lets stage 3 form q^ = x * rsqrt in fp32 (hat_f32x2), so q^ and k^
+    are never rounded before they are gated; the registers are the same 16 words plus one."""
     xs = []
     partial = []
     for s in range(4):
         words = ld_shared_v4(src + 16 * (quad + 4 * s))
+        if keep_raw:
+            for t in range(4):
+                hat[4 * s + t] = select(row_valid, words[t], 0, Uint32)
         vals = []
         for t in range(4):
             lo_v, hi_v = bf16x2_to_f32x2(words[t])
@@ -105,10 +110,27 @@ def l2norm_hat(src, row_valid, quad, hat):
     ssq = add_rn_ftz(ssq, cute.arch.shuffle_sync_bfly(ssq, offset=16))
     ssq = add_rn_ftz(ssq, cute.arch.shuffle_sync_bfly(ssq, offset=8))
     inv_norm = rsqrt_approx_ftz(add_rn_ftz(ssq, Float32(1e-6)))
-    for s in range(4):
-        for t in range(4):
-            hat[4 * s + t] = f32x2_to_bf16x2(mul_rn_ftz(xs[s][2 * t], inv_norm),
-                                             mul_rn_ftz(xs[s][2 * t + 1], inv_norm))
+    if not keep_raw:
+        for s in range(4):
+            for t in range(4):
+                hat[4 * s + t] = f32x2_to_bf16x2(mul_rn_ftz(xs[s][2 * t], inv_norm),
+                                                 mul_rn_ftz(xs[s][2 * t + 1], inv_norm))
+    return inv_norm
+
+
+def hat_f32x2(word, inv_norm):
+    """Two elements of q^ or k^ in fp32 from a raw hat word (l2norm_hat keep_raw): x * rsqrt, the
+    product that FlashKDA's recipe rounds to bf16 at once."""
+    x0, x1 = bf16x2_to_f32x2(word)
+    return mul_rn_ftz(x0, inv_norm), mul_rn_ftz(x1, inv_norm)
+
+
+def split_bf16x2(a0, a1):
+    """(hi, lo) words of two fp32 values: hi = bf(a), lo = bf(a - hi). a - hi is exact in fp32 (hi is
+    a's nearest bf16), and sub.rn keeps subnormal differences, as the reference's subtraction does."""
+    hi = f32x2_to_bf16x2(a0, a1)
+    h0, h1 = bf16x2_to_f32x2(hi)
+    return hi, f32x2_to_bf16x2(sub_rn(a0, h0), sub_rn(a1, h1))
 
 
 def gate_factors(sGin, sE, sEbar, chan, dt, a_log_h, gate_c, m, factor):
@@ -171,13 +193,16 @@ def gate_factors_general(sGin, sE, sEbar, sG, chan, dt, A, gate_c, m, factor, ga
 @cute.jit
 def decayed_images(hat: cute.Tensor, row: Int32, quad: Int32, is_k: cutlass.Boolean, sE: cute.Tensor,
                    sEbar: cute.Tensor, sGb: cute.Tensor, sQd: cute.Tensor, sKd: cute.Tensor, sKi: cute.Tensor,
-                   sKr: cute.Tensor, scale: Float32, accurate: cutlass.Constexpr[bool]):
+                   sKr: cute.Tensor, scale: Float32, accurate: cutlass.Constexpr[bool], inv_norm=None, sQlo=None,
+                   sKilo=None):
     """P5 for one token row (4 lanes per row): from the normed row `hat` of k (is_k) or q, the decayed
     tiles written as raw 8x8-core-matrix images (docs/algorithm.md §4.8): Kd, Ki and Kr from k, Qd
-    from q. accurate: each gated operand rounded once from fp32 factors (K1', docs/numerics.md)."""
+    from q. accurate: hat is the raw row and inv_norm its rsqrt (l2norm_hat keep_raw); each gated
+    operand is rounded once from fp32 q^ / k^ and fp32 factors (K1', docs/numerics.md), and the
+    rounding residues of Qd and Ki go to sQlo and sKilo for Mqk (mqk_split_products)."""
     if cutlass.const_expr(accurate):
-        # ---- stage 3 of numerics="accurate" (K1'): Qd = bf(q 2^G scale), Kd = bf(k 2^G),
-        # Ki = bf(k 2^-G), Kr = bf(k 2^-G gamma), each rounded once from fp32 factors.
+        # ---- stage 3 of numerics="accurate" (K1'): Qd = bf(q^ 2^G scale), Kd = bf(k^ 2^G),
+        # Ki = bf(k^ 2^-G), Kr = bf(k^ 2^-G gamma), each rounded once from fp32 q^, k^ and factors.
         e_row = sE.iterator.toint() + row * (F32_FACTOR_ROW * 4)
         ebar_row = sEbar.iterator.toint() + row * (F32_FACTOR_ROW * 4)
         for s in cutlass.range_constexpr(4):
@@ -189,23 +214,31 @@ def decayed_images(hat: cute.Tensor, row: Int32, quad: Int32, is_k: cutlass.Bool
                 gv = _f32x8(sGb.iterator.toint() + 32 * j)
                 kd = []
                 ki = []
+                ki_lo = []
                 kr = []
                 for t in cutlass.range_constexpr(4):
-                    k0, k1 = bf16x2_to_f32x2(hat[4 * s + t])
+                    k0, k1 = hat_f32x2(hat[4 * s + t], inv_norm)
                     kd.append(f32x2_to_bf16x2(k0 * ev[2 * t], k1 * ev[2 * t + 1]))
                     i0 = k0 * ebv[2 * t]
                     i1 = k1 * ebv[2 * t + 1]
-                    ki.append(f32x2_to_bf16x2(i0, i1))
+                    hi, lo = split_bf16x2(i0, i1)
+                    ki.append(hi)
+                    ki_lo.append(lo)
                     kr.append(f32x2_to_bf16x2(i0 * gv[2 * t], i1 * gv[2 * t + 1]))
                 st_shared_v4(sKd.iterator.toint() + img, kd)
                 st_shared_v4(sKi.iterator.toint() + img, ki)
+                st_shared_v4(sKilo.iterator.toint() + img, ki_lo)
                 st_shared_v4(sKr.iterator.toint() + img, kr)
             else:
                 qd = []
+                qd_lo = []
                 for t in cutlass.range_constexpr(4):
-                    q0, q1 = bf16x2_to_f32x2(hat[4 * s + t])
-                    qd.append(f32x2_to_bf16x2((q0 * ev[2 * t]) * scale, (q1 * ev[2 * t + 1]) * scale))
+                    q0, q1 = hat_f32x2(hat[4 * s + t], inv_norm)
+                    hi, lo = split_bf16x2((q0 * ev[2 * t]) * scale, (q1 * ev[2 * t + 1]) * scale)
+                    qd.append(hi)
+                    qd_lo.append(lo)
                 st_shared_v4(sQd.iterator.toint() + img, qd)
+                st_shared_v4(sQlo.iterator.toint() + img, qd_lo)
     else:
         # ---- stage 3: decayed tiles (P5), written into the raw images.
         e_row = sE.iterator.toint() + row * (PAD_ROW * 2)
@@ -252,10 +285,11 @@ def decayed_images(hat: cute.Tensor, row: Int32, quad: Int32, is_k: cutlass.Bool
 @cute.jit
 def decayed_images_wide(hat: cute.Tensor, row: Int32, quad: Int32, is_k: cutlass.Boolean, sE: cute.Tensor,
                         sG: cute.Tensor, sQd: cute.Tensor, sKd: cute.Tensor, sKr: cute.Tensor, sQh: cute.Tensor,
-                        sKh: cute.Tensor, scale: Float32, accurate: cutlass.Constexpr[bool]):
+                        sKh: cute.Tensor, scale: Float32, accurate: cutlass.Constexpr[bool], inv_norm=None):
     """decayed_images for a wide tile (docs/gate_forms.md): Qd and Kd from e = 2^G <= 1 by the same
     recipe, Kr = bf(k 2^(G_tot - G)) with the exponent formed as a difference (Ki * gamma would
-    overflow), no Ki; the normed row q^ or k^ is kept (bf16, staging stride) for wide_tile_products."""
+    overflow), no Ki; the normed row q^ or k^ is kept (bf16, staging stride) for wide_tile_products.
+    accurate: hat is the raw row (l2norm_hat keep_raw), the images come from fp32 q^ / k^."""
     e_stride = F32_FACTOR_ROW * 4 if cutlass.const_expr(accurate) else PAD_ROW * 2
     e_row = sE.iterator.toint() + row * e_stride
     g_row = sG.iterator.toint() + row * (F32_FACTOR_ROW * 4)
@@ -265,8 +299,14 @@ def decayed_images_wide(hat: cute.Tensor, row: Int32, quad: Int32, is_k: cutlass
         j = quad + 4 * s
         img = 2 * cute.crd2idx((row, 8 * j), raw_tile_layout())
         words = []
+        vals = []  # q^ / k^ in fp32 (accurate only)
         for t in cutlass.range_constexpr(4):
-            words.append(hat[4 * s + t])
+            if cutlass.const_expr(accurate):
+                v0, v1 = hat_f32x2(hat[4 * s + t], inv_norm)
+                vals.append((v0, v1))
+                words.append(f32x2_to_bf16x2(v0, v1))
+            else:
+                words.append(hat[4 * s + t])
         if is_k:
             st_shared_v4(sKh.iterator.toint() + row * (PAD_ROW * 2) + 16 * j, words)
             kd = []
@@ -276,7 +316,10 @@ def decayed_images_wide(hat: cute.Tensor, row: Int32, quad: Int32, is_k: cutlass
                 gl = _f32x4(g_last + 32 * j + 16 * half)
                 ev = _factors4(e_row, j, half, accurate)
                 for t in cutlass.range_constexpr(2):
-                    k0, k1 = bf16x2_to_f32x2(words[2 * half + t])
+                    if cutlass.const_expr(accurate):
+                        k0, k1 = vals[2 * half + t]
+                    else:
+                        k0, k1 = bf16x2_to_f32x2(words[2 * half + t])
                     kd.append(f32x2_to_bf16x2(k0 * ev[2 * t], k1 * ev[2 * t + 1]))
                     kr.append(f32x2_to_bf16x2(k0 * ex2_approx_ftz(gl[2 * t] - gv[2 * t]),
                                               k1 * ex2_approx_ftz(gl[2 * t + 1] - gv[2 * t + 1])))
@@ -288,7 +331,10 @@ def decayed_images_wide(hat: cute.Tensor, row: Int32, quad: Int32, is_k: cutlass
             for half in cutlass.range_constexpr(2):
                 ev = _factors4(e_row, j, half, accurate)
                 for t in cutlass.range_constexpr(2):
-                    q0, q1 = bf16x2_to_f32x2(words[2 * half + t])
+                    if cutlass.const_expr(accurate):
+                        q0, q1 = vals[2 * half + t]
+                    else:
+                        q0, q1 = bf16x2_to_f32x2(words[2 * half + t])
                     if cutlass.const_expr(accurate):
                         qd.append(f32x2_to_bf16x2((q0 * ev[2 * t]) * scale, (q1 * ev[2 * t + 1]) * scale))
                     else:
@@ -363,6 +409,42 @@ def qk_products(a_img, b_img):
         acc[0] = list(mma_m16n8k16_bf16_f32(a_op, (b4[0], b4[2]), acc[0]))
         acc[1] = list(mma_m16n8k16_bf16_f32(a_op, (b4[1], b4[3]), acc[1]))
     return acc
+
+
+def mqk_split_products(q_img, qlo_img, ki_img, kilo_img, nb):
+    """numerics="accurate" (K1'): column block nb (warp-uniform) of Mqk = Qd32 Ki32^T, with each fp32
+    operand as a bf16 pair hi + lo (decayed_images): Qd Ki^T, Qd_lo Ki^T and Qd Ki_lo^T in three fp32
+    accumulators over the 8 k-steps in order, summed (Qd_lo Ki^T + Qd Ki_lo^T) + Qd Ki^T. The lo x lo
+    term (about 2^-16 of a product) is far below the bf16 rounding of Mqk. Returns the block's four accumulator values in
+    qk_products' layout (acc[nb])."""
+    zero = Float32(0.0)
+    main = [zero, zero, zero, zero]
+    q_lo = [zero, zero, zero, zero]
+    k_lo = [zero, zero, zero, zero]
+    second = nb != 0
+    for kk in range(D // 16):
+        off = kk * KSTEP_BYTES
+        a_op = ldmatrix_x4(q_img + off)
+        a_lo = ldmatrix_x4(qlo_img + off)
+        b4 = ldmatrix_x4(ki_img + off)  # Ki rows 0-7 / 8-15 are the two n-blocks
+        b4_lo = ldmatrix_x4(kilo_img + off)
+        b_op = (select(second, b4[1], b4[0], Uint32), select(second, b4[3], b4[2], Uint32))
+        b_lo = (select(second, b4_lo[1], b4_lo[0], Uint32), select(second, b4_lo[3], b4_lo[2], Uint32))
+        main = list(mma_m16n8k16_bf16_f32(a_op, b_op, main))
+        q_lo = list(mma_m16n8k16_bf16_f32(a_lo, b_op, q_lo))
+        k_lo = list(mma_m16n8k16_bf16_f32(a_op, b_lo, k_lo))
+    return [add_rn(add_rn(q_lo[i], k_lo[i]), main[i]) for i in range(4)]
+
+
+def mqk_block_words(acc, row_lo, col0, nb, store):
+    """P7 on column block nb (warp-uniform) of Mqk (mqk_split_products): bf(acc), causal (i >= j);
+    store(h, word) for the block's two fragment words, as mqk_words masks them."""
+    causal_mask = select(row_lo >= col0, 0x0000FFFF, 0, Uint32) | \
+        select(row_lo >= col0 + 1, 0xFFFF0000, 0, Uint32)
+    first = nb == 0
+    masks = (select(first, causal_mask, 0, Uint32), select(first, 0xFFFFFFFF, causal_mask, Uint32))
+    for h in range(2):
+        store(h, f32x2_to_bf16x2(acc[2 * h], acc[2 * h + 1]) & masks[h])
 
 
 def beta_strength(x, beta_form):
