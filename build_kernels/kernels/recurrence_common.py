@@ -60,17 +60,17 @@ def k2_stage_bytes(vb: int) -> int:
     return (K2_OFF_V + CHUNK * v_stride(vb) + 127) // 128 * 128
 
 
-def k2_tile_source(seq, p, h64, vblk, VB: int):
+def k2_tile_source(seq, p, h64, vblk, VB: int, rows_by_add: bool = False):
     """The arguments of produce_tile(s) after the ring and the tile index: where tile j of this
     CTA's (sequence, head) comes from (seq: SequenceTiles, p: K2Params), and K2's stage layout. v is
     read in place with its token and head strides v_st, v_sh (elements, Int64; rows of 128 contiguous
-    16-byte aligned values)."""
+    16-byte aligned values). rows_by_add: produce_tile's v-row addressing."""
     return (seq.tok0, seq.tok_end, h64 * Int64(p.cap) + Int64(seq.tile0),
             p.v_ptr + h64 * p.v_sh * 2 + Int64(vblk * (VB * 2)), p.v_st * 2,
             ((K2_OFF_QD, p.qd_ptr), (K2_OFF_KD, p.kd_ptr), (K2_OFF_KR, p.kr_ptr)),
             ((K2_OFF_GT, p.gt_ptr, GT_BYTES), (K2_OFF_INV, p.inv_ptr, SQ_BYTES), (K2_OFF_MQK, p.mqk_ptr, SQ_BYTES),
              (K2_OFF_BSIG, p.bsig_ptr, BSIG_BYTES)),
-            k2_stage_bytes(VB), K2_OFF_V, v_stride(VB), K2_FIXED_TX, VB * 2)
+            k2_stage_bytes(VB), K2_OFF_V, v_stride(VB), K2_FIXED_TX, VB * 2, rows_by_add)
 
 
 class K2Params(NamedTuple):
@@ -226,13 +226,19 @@ def wait_stage_empty(empty: cute.Pointer, i):
 def produce_tile(full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, i: Int32, tok0: Int32, tok_end: Int32,
                  slot0: Int64, v_row0: Int64, row_step: Int64, images: tuple, smalls: tuple,
                  stage: cutlass.Constexpr[int], off_v: cutlass.Constexpr[int], vstr: cutlass.Constexpr[int],
-                 fixed_tx: cutlass.Constexpr[int], v_bytes: cutlass.Constexpr[int]):
+                 fixed_tx: cutlass.Constexpr[int], v_bytes: cutlass.Constexpr[int],
+                 rows_by_add: cutlass.Constexpr[bool] = False):
     """Tile i of the ring, issued by one whole warp: wait for its stage to be free, arm it with the
     exact bytes of its copies, and issue them (three elected regions: arm + raw images, the small
     per-tile tensors, the m valid v rows).
 
     images: ((smem offset, global base), ...) of 4 KiB raw tile images; smalls: ((smem offset,
     global base, bytes), ...) of per-slot tensors; v rows start at v_row0 + token * row_step.
+    rows_by_add: each row's address is the last one's plus row_step, else v_row0 + token * row_step
+    per row. The choice moves ptxas's schedule of the whole kernel, so each kernel takes the form
+    that measured fastest for it (docs/api.md, "Cost"): the add at the register-state K2's VB=128
+    (its producer warpgroup then keeps 24 registers), the product everywhere else (pre_scan ran
+    7.5% slower with the add, H=12 [32768], Nsight Compute).
     """
     s = wait_stage_empty(empty, i)
     start = tok0 + i * CHUNK
@@ -248,22 +254,26 @@ def produce_tile(full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, i: In
         for off, base, nbytes in smalls:
             bulk_g2s(sb + off, base + slot * nbytes, nbytes, fb)
     with cute.arch.elect_one():
-        # one add per row: the register-state K2's producer warpgroup runs at 24 registers
         vrow = v_row0 + Int64(start) * row_step
-        for r in cutlass.range(m, unroll=1):
-            bulk_g2s(sb + off_v + r * vstr, vrow, v_bytes, fb)
-            vrow = vrow + row_step
+        if cutlass.const_expr(rows_by_add):
+            for r in cutlass.range(m, unroll=1):
+                bulk_g2s(sb + off_v + r * vstr, vrow, v_bytes, fb)
+                vrow = vrow + row_step
+        else:
+            for r in cutlass.range(m, unroll=1):
+                bulk_g2s(sb + off_v + r * vstr, vrow + Int64(r) * row_step, v_bytes, fb)
 
 
 @cute.jit
 def produce_tiles(full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, ntiles: Int32, tok0: Int32,
                   tok_end: Int32, slot0: Int64, v_row0: Int64, row_step: Int64, images: tuple, smalls: tuple,
                   stage: cutlass.Constexpr[int], off_v: cutlass.Constexpr[int], vstr: cutlass.Constexpr[int],
-                  fixed_tx: cutlass.Constexpr[int], v_bytes: cutlass.Constexpr[int]):
+                  fixed_tx: cutlass.Constexpr[int], v_bytes: cutlass.Constexpr[int],
+                  rows_by_add: cutlass.Constexpr[bool] = False):
     """The producer warp of K2 and pre_scan: every tile in order, each as produce_tile."""
     for i in cutlass.range(ntiles, unroll=1):
         produce_tile(full, empty, buf_addr, i, tok0, tok_end, slot0, v_row0, row_step, images, smalls, stage, off_v,
-                     vstr, fixed_tx, v_bytes)
+                     vstr, fixed_tx, v_bytes, rows_by_add)
 
 
 @cute.jit
