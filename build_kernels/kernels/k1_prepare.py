@@ -513,18 +513,9 @@ class K1Prepare:
                 b_img = sm.sKi.iterator.toint() + lane * 16
                 if cutlass.const_expr(cfg.general):
                     col0 = 2 * (lane & 3)
-                    # a wide tile's products come from wide_tile_products, the others' from the images
-                    acc_r = cute.make_rmem_tensor(8, Float32)
-                    if wide.flag != 0:
-                        src = _select(warp == 0, wide.sL.iterator.toint(), wide.sM.iterator.toint(), Int32)
-                        frags = product_fragments(src, row_lo, col0)
-                        for i in cutlass.range_constexpr(8):
-                            acc_r[i] = frags[i // 4][i % 4]
-                    else:
-                        frags = qk_products(a_img, b_img)
-                        for i in cutlass.range_constexpr(8):
-                            acc_r[i] = frags[i // 4][i % 4]
-                    acc = [[acc_r[0], acc_r[1], acc_r[2], acc_r[3]], [acc_r[4], acc_r[5], acc_r[6], acc_r[7]]]
+                    acc = self.general_products(
+                        wide, lambda: _select(warp == 0, wide.sL.iterator.toint(), wide.sM.iterator.toint(), Int32),
+                        a_img, b_img, row_lo, col0)
                 else:
                     acc = qk_products(a_img, b_img)
                     # Fragment coordinates: row 8h + row_lo, column 8nb + col0 + {0, 1}; only the diagonal
@@ -537,6 +528,22 @@ class K1Prepare:
                     self.store_inverse(p, acc, lane, row_lo, col0, logit_lo, logit_hi, word_out, small_off, slot, m)
                 else:
                     self.store_mqk(p, acc, row_lo, col0, word_out, small_off)
+
+    @cute.jit
+    def general_products(self, wide, wide_src, a_img, b_img, row_lo: Int32, col0: Int32):
+        """A general K1's 16x16 accumulator (qk_products' layout): a wide tile's from
+        wide_tile_products (the fp32 matrix at the shared address wide_src() forms, inside the
+        wide branch as before), the others' from the images."""
+        acc_r = cute.make_rmem_tensor(8, Float32)
+        if wide.flag != 0:
+            frags = product_fragments(wide_src(), row_lo, col0)
+            for i in cutlass.range_constexpr(8):
+                acc_r[i] = frags[i // 4][i % 4]
+        else:
+            frags = qk_products(a_img, b_img)
+            for i in cutlass.range_constexpr(8):
+                acc_r[i] = frags[i // 4][i % 4]
+        return [[acc_r[0], acc_r[1], acc_r[2], acc_r[3]], [acc_r[4], acc_r[5], acc_r[6], acc_r[7]]]
 
     @cute.jit
     def products_accurate(self, p: K1Params, sm: K1Smem, warp: Int32, lane: Int32, wide, slot: Int64, m: Int32,
@@ -552,16 +559,7 @@ class K1Prepare:
             a_img = sm.sKd.iterator.toint() + lane * 16
             b_img = sm.sKi.iterator.toint() + lane * 16
             if cutlass.const_expr(cfg.general):
-                acc_r = cute.make_rmem_tensor(8, Float32)
-                if wide.flag != 0:
-                    frags = product_fragments(wide.sL.iterator.toint(), row_lo, col0)
-                    for i in cutlass.range_constexpr(8):
-                        acc_r[i] = frags[i // 4][i % 4]
-                else:
-                    frags = qk_products(a_img, b_img)
-                    for i in cutlass.range_constexpr(8):
-                        acc_r[i] = frags[i // 4][i % 4]
-                acc = [[acc_r[0], acc_r[1], acc_r[2], acc_r[3]], [acc_r[4], acc_r[5], acc_r[6], acc_r[7]]]
+                acc = self.general_products(wide, lambda: wide.sL.iterator.toint(), a_img, b_img, row_lo, col0)
             else:
                 acc = qk_products(a_img, b_img)
             self.store_inverse(p, acc, lane, row_lo, col0, logit_lo, logit_hi, word_out, small_off, slot, m)
