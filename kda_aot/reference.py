@@ -12,8 +12,9 @@ Three references, all on the inputs' device (CPU or CUDA):
   kernels, not a bitwise one (§2.4 note); a GPU caller may pass the real approximations via
   `approx=`.
 * `chunked_prefill(mode="accurate")`: the recipe of numerics="accurate" (docs/numerics.md): K1'
-  (each gated operand rounded once from fp32 q^, k^ and factors, Mqk from their bf16 pairs), the tile step with an fp32 state, unrounded u, r entering
-  INV r as a bf16 hi + lo pair, U rounded once, and one output rounding. Not bitwise (the order of the kernels' fp32
+  (each gated operand rounded once from fp32 q^, k^ and factors, Mqk from their bf16 pairs), the
+  tile step with an fp32 state, unrounded u, r entering INV r as a bf16 hi + lo pair, U rounded
+  once, and one output rounding. Not bitwise (the order of the kernels' fp32
   accumulation is not modelled); it measures what each rounding costs on the CPU.
 
 Inputs follow the low-level API (§1.1/§1.3): token-major [B, T, H, 128] tensors, beta logits

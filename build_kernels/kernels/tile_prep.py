@@ -333,11 +333,9 @@ def decayed_images_wide(hat: cute.Tensor, row: Int32, quad: Int32, is_k: cutlass
                 for t in cutlass.range_constexpr(2):
                     if cutlass.const_expr(accurate):
                         q0, q1 = vals[2 * half + t]
-                    else:
-                        q0, q1 = bf16x2_to_f32x2(words[2 * half + t])
-                    if cutlass.const_expr(accurate):
                         qd.append(f32x2_to_bf16x2((q0 * ev[2 * t]) * scale, (q1 * ev[2 * t + 1]) * scale))
                     else:
+                        q0, q1 = bf16x2_to_f32x2(words[2 * half + t])
                         qe0, qe1 = bf16x2_to_f32x2(f32x2_to_bf16x2(q0 * ev[2 * t], q1 * ev[2 * t + 1]))
                         qd.append(f32x2_to_bf16x2(qe0 * bscale, qe1 * bscale))
             st_shared_v4(sQd.iterator.toint() + img, qd)
@@ -415,8 +413,8 @@ def mqk_split_products(q_img, qlo_img, ki_img, kilo_img, nb):
     """numerics="accurate" (K1'): column block nb (warp-uniform) of Mqk = Qd32 Ki32^T, with each fp32
     operand as a bf16 pair hi + lo (decayed_images): Qd Ki^T, Qd_lo Ki^T and Qd Ki_lo^T in three fp32
     accumulators over the 8 k-steps in order, summed (Qd_lo Ki^T + Qd Ki_lo^T) + Qd Ki^T. The lo x lo
-    term (about 2^-16 of a product) is far below the bf16 rounding of Mqk. Returns the block's four accumulator values in
-    qk_products' layout (acc[nb])."""
+    term (about 2^-16 of a product) is far below the bf16 rounding of Mqk. Returns the block's four
+    accumulator values in qk_products' layout (acc[nb])."""
     zero = Float32(0.0)
     main = [zero, zero, zero, zero]
     q_lo = [zero, zero, zero, zero]
@@ -439,8 +437,7 @@ def mqk_split_products(q_img, qlo_img, ki_img, kilo_img, nb):
 def mqk_block_words(acc, row_lo, col0, nb, store):
     """P7 on column block nb (warp-uniform) of Mqk (mqk_split_products): bf(acc), causal (i >= j);
     store(h, word) for the block's two fragment words, as mqk_words masks them."""
-    causal_mask = select(row_lo >= col0, 0x0000FFFF, 0, Uint32) | \
-        select(row_lo >= col0 + 1, 0xFFFF0000, 0, Uint32)
+    causal_mask = _causal_mask(row_lo, col0)
     first = nb == 0
     masks = (select(first, causal_mask, 0, Uint32), select(first, 0xFFFFFFFF, causal_mask, Uint32))
     for h in range(2):
@@ -497,11 +494,16 @@ def inverse_fragments(acc, row_lo, col0, logit_lo, logit_hi, beta_form=BETA_LOGI
     return X, sig_lo, sig_hi
 
 
+def _causal_mask(row_lo, col0):
+    """The bf16 halves of a diagonal block's fragment word (row row_lo, columns col0, col0 + 1) that
+    P7 keeps: column <= row."""
+    return select(row_lo >= col0, 0x0000FFFF, 0, Uint32) | select(row_lo >= col0 + 1, 0xFFFF0000, 0, Uint32)
+
+
 def mqk_words(acc, row_lo, col0, make_store):
     """P7 on Qd Ki^T's accumulator: bf(acc), causal (i >= j). make_store() gives store(nb, h, word),
     called for each fragment word in K1's order."""
-    causal_mask = select(row_lo >= col0, 0x0000FFFF, 0, Uint32) | \
-        select(row_lo >= col0 + 1, 0xFFFF0000, 0, Uint32)
+    causal_mask = _causal_mask(row_lo, col0)
     store = make_store()
     for nb in range(2):
         for h in range(2):
