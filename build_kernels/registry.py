@@ -136,6 +136,15 @@ def _k1_accurate() -> List[Variant]:
     return [dataclasses.replace(base, name="k1_prepare_acc", constants=(("accurate", True),) + base.constants[1:])]
 
 
+def _k1_strided() -> List[Variant]:
+    """The strided twin of every K1 (<name>_strided): q, k, g and beta read at their stride
+    arguments. The K1s above read contiguous inputs at one row offset (token * H + head) and leave
+    the strides unread: the per-tensor stride products cost the contiguous path 0.9-2.6 % of K1
+    (docs/api.md, "Strided inputs"). The launcher picks the twin when any of the four is a strided view."""
+    return [dataclasses.replace(v, name=f"{v.name}_strided", constants=v.constants + (("strided", True),))
+            for v in _k1() + _k1_accurate() + _k1_general(False) + _k1_general(True)]
+
+
 # (has_initial, has_final) pairs; the state dtype matters only when one of them is present.
 STATE_IO = ((False, False), (True, False), (False, True), (True, True))
 VALUE_BLOCKS = ABI_CONSTANTS.VALUE_BLOCKS  # value rows of the state per K2 CTA (the value-column split)
@@ -333,9 +342,11 @@ FAMILIES = {
     # device-built tables
     "seq_tables": _seq_tables, "cp_seg_tables": _cp_seg_tables, "checkpoint_index": _checkpoint_index,
     "checkpoint_table": _checkpoint_table,
-    # K1: FlashKDA's configuration, then every other gate and beta form; each with its accurate twin
+    # K1: FlashKDA's configuration, then every other gate and beta form; each with its accurate twin,
+    # and all of them again for strided inputs
     "k1": _k1, "k1_accurate": _k1_accurate,
     "k1_general": lambda: _k1_general(False), "k1_general_accurate": lambda: _k1_general(True),
+    "k1_strided": _k1_strided,
     # K2: the mma.sync kernel (serial, CP segments, state I/O by slot) and its register-state twins
     "k2": _k2, "k2_accurate": lambda: _k2(True), "k2_segments": _k2_segments,
     "k2_segments_accurate": lambda: _k2_segments(True), "k2_ext": _k2_ext, "k2_regstate": _k2_regstate,

@@ -135,12 +135,17 @@ class K1Config:
     """The static configuration of one K1 kernel. accurate: the numerics="accurate" twin (K1',
     docs/numerics.md): the same workspace, the gated operands each rounded once. gate_form /
     beta_form / g_fp32: tile_prep's codes; any gate form but GATE_SAFE is the general K1
-    (docs/gate_forms.md), whose A_log / dt_bias pointers may be null, g an fp32 log-decay."""
+    (docs/gate_forms.md), whose A_log / dt_bias pointers may be null, g an fp32 log-decay.
+    strided: q, k, g and beta are read at the stride arguments (strided views); without it they
+    are contiguous [T, H, 128] / [T, H] and one row offset (token * H + head) serves all three
+    row loads (the stride arguments are unread). The contiguous K1 is a kernel of its own because
+    the per-tensor stride products cost it 0.9-2.6 % (docs/api.md, "Strided inputs")."""
 
     accurate: bool = False
     gate_form: int = GATE_SAFE
     beta_form: int = BETA_LOGITS
     g_fp32: bool = False
+    strided: bool = False
 
     @property
     def general(self) -> bool:
@@ -225,14 +230,14 @@ class K1Prepare:
     """K1 of one static configuration (K1Config); registry entry k1_prepare."""
 
     def __init__(self, accurate: bool = False, gate_form: int = GATE_SAFE, beta_form: int = BETA_LOGITS,
-                 g_fp32: bool = False):
-        self.config = K1Config(accurate, gate_form, beta_form, g_fp32)
+                 g_fp32: bool = False, strided: bool = False):
+        self.config = K1Config(accurate, gate_form, beta_form, g_fp32, strided)
 
     def __str__(self):
         """What the kernel's PTX symbol spells for this object (the DSL spells a kernel method's
         symbol from its object)."""
         cfg = self.config
-        return f"K1Prepare_{int(cfg.accurate)}_{cfg.gate_form}_{cfg.beta_form}_{int(cfg.g_fp32)}"
+        return f"K1Prepare_{int(cfg.accurate)}_{cfg.gate_form}_{cfg.beta_form}_{int(cfg.g_fp32)}_{int(cfg.strided)}"
 
     @cute.jit
     def __call__(self, q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Pointer, a_log: cute.Pointer,
@@ -243,7 +248,8 @@ class K1Prepare:
                  g_stride_t: Int64, g_stride_h: Int64, beta_stride_t: Int64, scale: Float32, gate_c: Float32,
                  stream: cuda.CUstream):
         """Token-major inputs read in place: q/k/g (t, h, d) at t * stride_t + h * stride_h + d (elements;
-        rows of 128 contiguous, 16-byte aligned values), beta (t, h) at t * beta_stride_t + h;
+        rows of 128 contiguous, 16-byte aligned values), beta (t, h) at t * beta_stride_t + h (the
+        strided K1; the contiguous K1 leaves the strides unread);
         gate_c = f32(lb * LOG2E) formed in double on the host. t_total is part of the ABI but not needed:
         every row read lies inside [seq_start[n], seq_start[n+1]). The general K1 (K1Config) may
         take null a_log and dt_bias, an fp32 g and an fp32 beta."""
@@ -373,17 +379,34 @@ class K1Prepare:
         for half in cutlass.range_constexpr(2):
             r = warp + 8 * half
             if r < m:
-                # q, k, g are read in place at their own token / head strides (16-byte aligned rows)
-                tok = Int64(tok0 + r)
-                h64 = Int64(head)
+                q_off, k_off, g_off = self.row_offsets(p, tok0 + r, head)
                 with cute.arch.elect_one():
-                    bulk_g2s_tensor(cute.make_tensor(p.q + (tok * p.q_st + h64 * p.q_sh), row_layout),
+                    bulk_g2s_tensor(cute.make_tensor(p.q + q_off, row_layout),
                                     cute.make_tensor(sm.sQin.iterator + r * PAD_ROW, row_layout), sm.mbar)
-                    bulk_g2s_tensor(cute.make_tensor(p.k + (tok * p.k_st + h64 * p.k_sh), row_layout),
+                    bulk_g2s_tensor(cute.make_tensor(p.k + k_off, row_layout),
                                     cute.make_tensor(sm.sKin.iterator + r * PAD_ROW, row_layout), sm.mbar)
-                    bulk_g2s_tensor(cute.make_tensor(p.g + (tok * p.g_st + h64 * p.g_sh), row_layout),
+                    bulk_g2s_tensor(cute.make_tensor(p.g + g_off, row_layout),
                                     cute.make_tensor(sm.sGin.iterator + r * sm.sGin.layout.stride[0], row_layout),
                                     sm.mbar)
+
+    @cute.jit
+    def row_offsets(self, p: K1Params, tok: Int32, head: Int32):
+        """Element offsets of token tok's row of `head` in q, k and g (64-bit, docs/algorithm.md
+        §6.5): each at its own token / head stride (strided K1), or the one offset of contiguous
+        rows, (tok * H + head) * 128."""
+        if cutlass.const_expr(self.config.strided):
+            t64 = Int64(tok)
+            h64 = Int64(head)
+            return t64 * p.q_st + h64 * p.q_sh, t64 * p.k_st + h64 * p.k_sh, t64 * p.g_st + h64 * p.g_sh
+        row_off = (Int64(tok) * Int64(p.n_heads) + Int64(head)) * D
+        return row_off, row_off, row_off
+
+    @cute.jit
+    def beta_offset(self, p: K1Params, tok: Int32, head: Int32):
+        """Element offset of beta[tok, head]: at beta's token stride (strided K1) or tok * H + head."""
+        if cutlass.const_expr(self.config.strided):
+            return Int64(tok) * p.b_st + Int64(head)
+        return Int64(tok) * Int64(p.n_heads) + Int64(head)
 
     @cute.jit
     def scalars(self, p: K1Params, tidx: Int32, warp: Int32, lane: Int32, head: Int32, tok0: Int32, m: Int32):
@@ -411,10 +434,10 @@ class K1Prepare:
         logit_hi = Float32(0.0)
         if warp == 0:
             if row_lo < m:
-                logit_lo = Float32(cute.make_tensor(p.beta + (Int64(tok0 + row_lo) * p.b_st + Int64(head)),
+                logit_lo = Float32(cute.make_tensor(p.beta + self.beta_offset(p, tok0 + row_lo, head),
                                                     cute.make_layout(1))[0])
             if row_lo + 8 < m:
-                logit_hi = Float32(cute.make_tensor(p.beta + (Int64(tok0 + row_lo + 8) * p.b_st + Int64(head)),
+                logit_hi = Float32(cute.make_tensor(p.beta + self.beta_offset(p, tok0 + row_lo + 8, head),
                                                     cute.make_layout(1))[0])
         return chan, A, dt, row_lo, logit_lo, logit_hi
 

@@ -79,6 +79,16 @@ def _k1_strides(problem: Problem) -> dict:
     return {name: value for name, value in input_strides(problem).items() if not name.startswith("v_")}
 
 
+def k1_reads_strided(problem: Problem) -> bool:
+    """Whether K1 must read q, k, g or beta at strides other than contiguous [T, H, 128] / [T, H]:
+    then its strided twin runs (build_kernels/registry.py, _k1_strided); contiguous inputs keep
+    the K1 with one row offset for all three loads (docs/api.md, "Strided inputs")."""
+    H, D = problem.H, planner.D
+    contiguous = {f"{x}_stride_{d}": (H * D if d == "t" else D) for x in "qkg" for d in "th"}
+    contiguous["beta_stride_t"] = H
+    return _k1_strides(problem) != contiguous
+
+
 def _sequence_tables(prog: Program, problem: Problem, off, n_seq: int, order: bool = True) -> None:
     """The sequence tables; varlen also K2's longest-first dispatch order (`order`: in off["seq_order"])."""
     tables = dict(seq_start=ws(off["seq_start"]), tile_prefix=ws(off["tile_prefix"]), n_seq=n_seq, stream=STREAM)
@@ -93,10 +103,10 @@ def _sequence_tables(prog: Program, problem: Problem, off, n_seq: int, order: bo
 def _k1(prog: Program, problem: Problem, off, n_seq: int, cap: int) -> None:
     # The K1 of the call's gate and beta form (gate_forms.k1_kernel): FlashKDA's K1 for its
     # configuration, the general K1 otherwise; numerics="accurate" has its own of each (the gated
-    # operands rounded once, docs/numerics.md). The general K1 reads A_log and dt_bias only when
-    # their pointers are not null (gate forms without them, docs/gate_forms.md).
+    # operands rounded once, docs/numerics.md), and each has a strided twin for strided views. The
+    # general K1 reads A_log and dt_bias only when their pointers are not null (docs/gate_forms.md).
     lb = problem.lower_bound
-    prog.add(k1_kernel(problem.form, problem.numerics == "accurate"), dict(
+    prog.add(k1_kernel(problem.form, problem.numerics == "accurate", k1_reads_strided(problem)), dict(
         q=Ref("q"), k=Ref("k"), g=Ref("g"), beta=Ref("beta"), a_log=Ref("A_log"), dt_bias=Ref("dt_bias"),
         seq_start=ws(off["seq_start"]), tile_prefix=ws(off["tile_prefix"]), **_workspace_args(off),
         t_total=problem.B * problem.T, n_seq=n_seq, n_heads=problem.H, cap=cap, scale=problem.scale,

@@ -67,13 +67,15 @@ def k1_beta_tag(form: Form) -> str:
     return f"{kind}_{'f32' if form.beta_fp32 else 'bf16'}"
 
 
-def k1_kernel(form: Form, accurate: bool) -> str:
+def k1_kernel(form: Form, accurate: bool, strided: bool = False) -> str:
     """The K1 that prepares this form: FlashKDA's K1 for its configuration, else the general K1
-    (docs/gate_forms.md), whose tiles take an exact path where the decay factors leave fp32's range."""
+    (docs/gate_forms.md), whose tiles take an exact path where the decay factors leave fp32's range;
+    `strided`: its twin that reads q, k, g and beta at their strides (docs/api.md, "Strided inputs")."""
     acc = "_acc" if accurate else ""
+    suffix = "_strided" if strided else ""
     if form.flashkda:
-        return f"k1_prepare{acc}"
-    return f"k1x_{k1_gate_tag(form)}_{k1_beta_tag(form)}{acc}"
+        return f"k1_prepare{acc}{suffix}"
+    return f"k1x_{k1_gate_tag(form)}_{k1_beta_tag(form)}{acc}{suffix}"
 
 
 def resolve_lower_bound(gate: str, lower_bound: Optional[float]) -> Optional[float]:

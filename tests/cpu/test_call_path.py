@@ -284,3 +284,32 @@ def test_a_forced_mma_sync_k2_runs_only_where_the_library_holds_it(rec, monkeypa
     api.empty_cache()
     k2 = k2_names()
     assert k2 and all(n.startswith("k2_regstate_") for n in k2), k2
+
+
+def _packed_view(name: str, T: int, H: int, width: int, column: int) -> TensorDesc:
+    """A [1, T, H, 128] column block of a [T, width] bf16 projection (token stride width)."""
+    base = device_buffer(name + "_projection", (T, width), "bfloat16")
+    return TensorDesc(name=name, ptr=base.ptr + 2 * column, shape=(1, T, H, 128), strides=(T * width, width, 128, 1),
+                      dtype="bfloat16", device=base.device, device_id=base.device_id)
+
+
+@pytest.mark.parametrize("strided, k1", [((), "k1_prepare"), (("v",), "k1_prepare"), (("q",), "k1_prepare_strided"),
+                                         (("q", "k", "v", "g"), "k1_prepare_strided"),
+                                         (("beta",), "k1_prepare_strided")])
+def test_k1_reads_strides_only_for_strided_q_k_g_or_beta(rec, strided, k1):
+    """Contiguous q, k, g and beta run the K1 with one row offset; a strided one of them runs its
+    strided twin with the view's strides (v is K2's: its strides never change the K1)."""
+    T, H = 64, 2
+    x = problem_args(T=T, H=H)
+    for i, name in enumerate(n for n in strided if n != "beta"):
+        x[name] = _packed_view(name, T, H, 4 * H * 128 + 64, i * H * 128)
+    if "beta" in strided:
+        proj = device_buffer("beta_projection", (T, H + 3), "bfloat16")
+        x["beta"] = TensorDesc(name="beta", ptr=proj.ptr, shape=(1, T, H), strides=(T * (H + 3), H + 3, 1),
+                               dtype="bfloat16", device=proj.device, device_id=proj.device_id)
+    call(x, workspace=_ws(x))
+    launch = rec.last[1]
+    assert launch.name == k1
+    expected_t = {n: (4 * H * 128 + 64 if n in strided else H * 128) for n in "qkg"}
+    assert {n: launch.args[f"{n}_stride_t"] for n in "qkg"} == expected_t
+    assert launch.args["beta_stride_t"] == (H + 3 if "beta" in strided else H)

@@ -124,6 +124,8 @@ def test_k1_kernel_names():
     assert k1_kernel(Form("safe", "probs"), False) == "k1x_sigmoid_probs_bf16"
     assert k1_kernel(Form("softplus", "logits", True, False, True), True) == "k1x_softplus_logits2_f32_acc"
     assert k1_kernel(Form("log_decay", "probs", False, True, True), False) == "k1x_logdecay_f32_probs_f32"
+    assert k1_kernel(Form(), False, strided=True) == "k1_prepare_strided"
+    assert k1_kernel(Form("softplus", "probs"), True, strided=True) == "k1x_softplus_probs_bf16_acc_strided"
 
 
 def test_every_form_has_its_k1_in_the_registry():
