@@ -32,8 +32,12 @@ SLOT_BYTES = (
     ("gt", D * 4),  # 512: fp32 gamma per key channel
     ("inv", CHUNK * CHUNK * 2),  # 512: bf16 (I+L)^-1, 16x16
     ("mqk", CHUNK * CHUNK * 2),  # 512: bf16 causal Qd Ki^T, 16x16
-    ("bsig", CHUNK * 2),  # 32: bf16 sigma(beta) per row
+    # 64: two planes of bf16 per row, each [heads x tiles] slots of 32 bytes: sigma(beta) at
+    # slot * 32, then (numerics="accurate" only) its residue bf(sigma - bf(sigma)) at
+    # (heads * tile capacity + slot) * 32, so that the accurate kernels use sigma to 16 bits
+    ("bsig", 2 * CHUNK * 2),
 )
+BSIG_PLANE_BYTES = CHUNK * 2  # one slot of one bsig plane: 16 bf16
 SLOT = dict(SLOT_BYTES)
 
 STATE_BYTES = D * D * 4  # one fp32 [V, K] state: the CP scratch per (segment, head)

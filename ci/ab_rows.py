@@ -2,7 +2,7 @@
 kda_aot, kernels mode and graph replay (ms, median of CUDA events), each kernel's device time
 (torch.profiler, us per call) and a hash of the bits (output and final state), as JSON.
 
-    python3 ci/ab_rows.py OUT.json [--classes model random] [--iters 200]
+    python3 ci/ab_rows.py OUT.json [--classes model random] [--iters 200] [--numerics accurate]
 
 Uses only what every build since the benchmark's input classes has (kda_aot.bench's class_cases,
 time_ms, graph_runner), so an older wheel runs it too. Kernel names are the build's own entry
@@ -21,6 +21,7 @@ def main(argv=None) -> int:
     parser.add_argument("out")
     parser.add_argument("--classes", nargs="+", default=["model"])
     parser.add_argument("--iters", type=int, default=200)
+    parser.add_argument("--numerics", default="flashkda", choices=["flashkda", "accurate"])
     args = parser.parse_args(argv)
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -35,9 +36,11 @@ def main(argv=None) -> int:
                 def call():
                     return kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], **bench.gate_kwargs(x),
                                            initial_state=x["initial_state"], output_final_state=True,
-                                           cu_seqlens=cu, seq_lens=lens, out=out, final_state=final)
-                row = {"kernels ms": bench.time_ms(call, args.iters, 30),
-                       "graph ms": bench.time_ms(bench.graph_runner(x, cu), args.iters, 30)}
+                                           cu_seqlens=cu, seq_lens=lens, out=out, final_state=final,
+                                           numerics=args.numerics)
+                # graph replay: the benchmark's eager call captured, or (accurate) this call captured
+                graph = bench.graph_runner(x, cu) if args.numerics == "flashkda" else bench.capture(call)
+                row = {"kernels ms": bench.time_ms(call, args.iters, 30), "graph ms": bench.time_ms(graph, args.iters, 30)}
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:
                     for _ in range(20):
                         call()
@@ -55,7 +58,7 @@ def main(argv=None) -> int:
                 torch.cuda.synchronize()
                 row["bits"] = hashlib.sha256(out.view(torch.int16).cpu().numpy().tobytes()
                                              + final.view(torch.int16).cpu().numpy().tobytes()).hexdigest()[:16]
-                key = f"{H}:{bench.shape_key(lens)}:{cls}"
+                key = f"{H}:{bench.shape_key(lens)}:{cls}" + ("" if args.numerics == "flashkda" else ":accurate")
                 res["rows"][key] = row
                 print(key, f"kernels {row['kernels ms']:.4f} graph {row['graph ms']:.4f} bits {row['bits']} "
                       + " ".join(f"{us:.1f}" for us in per_kernel.values()), flush=True)

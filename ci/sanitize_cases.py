@@ -136,6 +136,7 @@ CASES = {
         [[1104, 5000], [-1, 288]], dtype=torch.int64, device="cuda"),
         checkpoint_state=torch.empty(2, 2, 2, 128, 128, device="cuda")),
     "strided-serial": lambda: run_strided([300, 17], 2, "fp32"),
+    "strided-accurate-cp": lambda: run_strided([1200, 300], 2, "bf16", cp=4, numerics="accurate"),
     # the general K1: fast tiles only, then mostly wide tiles, both numerics, fp32 g and beta
     "form-sigmoid-fast": lambda: run_form([300, 17], 2, "sigmoid", "probs"),
     "form-softplus-wide": lambda: run_form([300, 17], 2, "softplus", g_scale=12.0),

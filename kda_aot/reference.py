@@ -466,7 +466,9 @@ def _chunked_core_accurate(m, q, k, v, g, beta, A_log, dt_bias, s, *, lb, scale)
         return v.clone(), s.clone()
     Qd, Kd, Kr, gam, b, INV, Mqk = _prepare_tiles(m, q, k, g, beta, A_log, dt_bias, lb, scale, length)
     vt = _to_tiles(v, length)
-    bb = m.rb(b)[..., None]
+    # sigma(beta) to 16 bits: bf16 plus the residue K1' stores beside it (the sum is exact in fp32)
+    b_hi = m.rb(b)
+    bb = (b_hi + m.rb(b - b_hi))[..., None]
     outs = []
     for j in range(vt.shape[0]):
         st = m.rb(s).transpose(-1, -2)  # A1: the MMA operand is bf(S); S itself stays fp32

@@ -64,10 +64,10 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
 from .. import abi_constants as ABI_CONSTANTS
-from .ptx_ops import (fma_rn, ldg_b32, lds_b32, lds_bf16_f32, lds_f32, ldsm_x4, ldsm_x4_t, mma_bf16_16816,
+from .ptx_ops import (fma_rn, ldg_b32, lds_b32, lds_f32, ldsm_x4, ldsm_x4_t, mma_bf16_16816,
                       pack_bf16x2, select_b32, stg_f32, stg_f32_pair_from_bf16, sts_b32, unpack_bf16x2)
-from .recurrence_common import (BSIG_BYTES, GT_BYTES, SQ_BYTES, TILE_BYTES, SequenceTiles, alloc_ring,
-                                init_ring, mma_split, mma_warps, produce_tiles, solve_u_fragment,
+from .recurrence_common import (BSIG_BYTES, GT_BYTES, SQ_BYTES, TILE_BYTES, SequenceTiles, alloc_ring, bsig_smalls,
+                                init_ring, lds_bsig, mma_split, mma_warps, produce_tiles, solve_u_fragment,
                                 solve_u_fragment_accurate, state_f32_step, state_words_step, v_stride, wait_stage_full)
 from .tile_ops import CHUNK, D, await_previous_grid, m_seg_column
 
@@ -206,8 +206,10 @@ class CpPreScan:
         produce_tiles(full, empty, buf_addr, seq.ntiles, seq.tok0, seq.tok_end, h64 * Int64(p.cap) + Int64(seq.tile0),
                       p.v_ptr + h64 * p.v_sh * 2 + Int64(vblk * (VB * 2)), p.v_st * 2,
                       ((OFF_KD, p.kd_ptr), (OFF_KR, p.kr_ptr)),
-                      ((OFF_GT, p.gt_ptr, GT_BYTES), (OFF_INV, p.inv_ptr, SQ_BYTES), (OFF_BSIG, p.bsig_ptr, BSIG_BYTES)),
-                      stage_bytes(VB), OFF_V, v_stride(VB), FIXED_TX, VB * 2)
+                      ((OFF_GT, p.gt_ptr, GT_BYTES), (OFF_INV, p.inv_ptr, SQ_BYTES))
+                      + bsig_smalls(OFF_BSIG, p.bsig_ptr, p.n_heads, p.cap, self.config.accurate),
+                      stage_bytes(VB), OFF_V, v_stride(VB), FIXED_TX + (BSIG_BYTES if self.config.accurate else 0),
+                      VB * 2)
 
     @cute.jit
     def mma(self, p: PreScanParams, seq: SequenceTiles, warp: Int32, lane: Int32, j: Int32, h64: Int64, H64: Int64,
@@ -326,8 +328,8 @@ class CpPreScan:
         NW = self.config.nw
         VSTR = v_stride(self.config.value_block)
         a_inv = ldsm_x4(sb + OFF_INV + off_sq)
-        bs0 = lds_bf16_f32(sb + OFF_BSIG + 2 * g)
-        bs1 = lds_bf16_f32(sb + OFF_BSIG + 2 * (g + 8))
+        bs0 = lds_bsig(sb, OFF_BSIG, g, self.config.accurate)
+        bs1 = lds_bsig(sb, OFF_BSIG, g + 8, self.config.accurate)
         ok0 = Int32(g < m)
         ok1 = Int32(g + 8 < m)
         v_a0 = sb + OFF_V + g * VSTR + (w * NW + 2 * q) * 2

@@ -61,7 +61,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64, Uint8, Uint32
 
-from .ptx_ops import ex2_approx_ftz, f16x2_to_f32x2, f32x2_to_bf16x2, ldg_b32, mul_rn_ftz
+from .ptx_ops import ex2_approx_ftz, f16x2_to_f32x2, f32x2_to_bf16x2, ldg_b32, mul_rn_ftz, sub_rn
 from .tile_ops import (CHUNK, D, LOG2E, await_previous_grid, bulk_g2s_tensor, bulk_s2g_elected, raw_tile_layout, round_bf16)
 from .tile_prep import (BETA_LOGITS, F32_FACTOR_ROW, GATE_LOGDECAY, GATE_SAFE, PAD_ROW, decayed_images,
                         decayed_images_wide, gate_factors, gate_factors_general, inverse_fragments, l2norm_hat,
@@ -628,6 +628,15 @@ class K1Prepare:
             mBsig = cute.make_tensor(p.ws_bsig + slot * CHUNK, cute.make_layout(CHUNK))
             mBsig[row_lo] = BFloat16(_select(row_lo < m, round_bf16(sig_lo), 0.0, Float32))
             mBsig[row_lo + 8] = BFloat16(_select(row_lo + 8 < m, round_bf16(sig_hi), 0.0, Float32))
+            if cutlass.const_expr(self.config.accurate):
+                # the residue plane (docs/kernel_abi.md, bsig): bf(sigma - bf(sigma)), which the
+                # accurate K2 and pre_scan add back (sigma to 16 bits)
+                plane = Int64(p.n_heads) * Int64(p.cap) * CHUNK
+                mLo = cute.make_tensor(p.ws_bsig + (plane + slot * CHUNK), cute.make_layout(CHUNK))
+                mLo[row_lo] = BFloat16(_select(row_lo < m, round_bf16(sub_rn(sig_lo, round_bf16(sig_lo))), 0.0,
+                                               Float32))
+                mLo[row_lo + 8] = BFloat16(_select(row_lo + 8 < m, round_bf16(sub_rn(sig_hi, round_bf16(sig_hi))),
+                                                   0.0, Float32))
 
     def store_mqk(self, p: K1Params, acc, row_lo, col0, word_out, small_off):
         """w1, P7: Mqk = bf(acc), keep i >= j."""

@@ -69,12 +69,12 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64, Float32
 
-from .ptx_ops import (add_rn, ldg_bf16_pair, ldg_f32, ldg_f32_pair_bf16, lds_b32, lds_bf16_f32, lds_f32,
+from .ptx_ops import (add_rn, ldg_bf16_pair, ldg_f32, ldg_f32_pair_bf16, lds_b32, lds_f32,
                       ldsm_x4, ldsm_x4_t, mma_bf16_16816, pack_bf16x2, round_bf16x2, select_b32, stg_b32_if, stg_bf16_pair,
                       stg_f32, stg_f32_pair_from_bf16, sts_b32, unpack_bf16x2)
 from .recurrence_common import (HEAD_ROW_BYTES, K2_OFF_BSIG, K2_OFF_GT, K2_OFF_INV, K2_OFF_KD,
                                 K2_OFF_KR, K2_OFF_MQK, K2_OFF_QD, K2_OFF_V, STAGES, K2Params, SequenceTiles, alloc_ring,
-                                init_ring, k2_cta_sequence, k2_params, k2_stage_bytes, k2_tile_source, mma_split,
+                                init_ring, k2_cta_sequence, k2_params, k2_stage_bytes, k2_tile_source, lds_bsig, mma_split,
                                 mma_warps, produce_first_tiles, produce_in_turn, produce_tiles, solve_u_fragment,
                                 solve_u_fragment_accurate, state_f32_step, state_words_step, v_stride, wait_stage_full)
 from .. import abi_constants as ABI_CONSTANTS
@@ -130,6 +130,12 @@ class K2Config:
         went from 0.760 to 0.989 ms and the CP rows (segments, fewer CTAs than SMs) lost 6-7%
         (docs/k2_producer.md)."""
         return self.accurate and self.value_block == 128 and not self.segmented
+
+    @property
+    def bsig_residue(self) -> bool:
+        """Whether Q2 takes sigma(beta) to 16 bits, bf16 plus the residue K1' stores beside it
+        (docs/kernel_abi.md, bsig): the accurate recipe; its ablations keep bf16 sigma(beta)."""
+        return self.accurate and self.ablation == 0
 
     @property
     def threads(self) -> int:
@@ -194,10 +200,11 @@ def _q1_operands(sb, region, kb, off_a, off_sb, NB: int, b_pair):
     return a_k, a_q, bfrags
 
 
-def _q2_q4_operands(sb, off_sq, g):
-    """Q2-Q4's stage operands: the INV and Mqk A fragments, bsig of rows g and g + 8."""
-    return (ldsm_x4(sb + K2_OFF_INV + off_sq), ldsm_x4(sb + K2_OFF_MQK + off_sq), lds_bf16_f32(sb + K2_OFF_BSIG + 2 * g),
-            lds_bf16_f32(sb + K2_OFF_BSIG + 2 * (g + 8)))
+def _q2_q4_operands(sb, off_sq, g, bsig_residue: bool):
+    """Q2-Q4's stage operands: the INV and Mqk A fragments, bsig of rows g and g + 8 (with its
+    residue: K2Config.bsig_residue)."""
+    return (ldsm_x4(sb + K2_OFF_INV + off_sq), ldsm_x4(sb + K2_OFF_MQK + off_sq),
+            lds_bsig(sb, K2_OFF_BSIG, g, bsig_residue), lds_bsig(sb, K2_OFF_BSIG, g + 8, bsig_residue))
 
 
 def _v_words(v_a0, nb, ok0, ok1, VSTR: int):
@@ -341,7 +348,8 @@ class K2Recurrence:
         """The producer warp: every tile of the sequence into the ring (none when folded: the MMA
         warps issue them, mma)."""
         if cutlass.const_expr(not self.config.folded_producer):
-            produce_tiles(full, empty, buf_addr, seq.ntiles, *k2_tile_source(seq, p, h64, vblk, self.config.value_block))
+            produce_tiles(full, empty, buf_addr, seq.ntiles, *k2_tile_source(seq, p, h64, vblk, self.config.value_block,
+                                                                              accurate=self.config.bsig_residue))
 
     @cute.jit
     def mma(self, p: K2Params, seq: SequenceTiles, warp: Int32, lane: Int32, n: Int32, h64: Int64, H64: Int64,
@@ -360,7 +368,7 @@ class K2Recurrence:
         if cutlass.const_expr(FOLDED):
             # the MMA warps produce: warp 0 the first FOLDED_PREFETCH tiles now, overlapping the entry
             # state's load, then warp i % MMA_WARPS tile i + FOLDED_PREFETCH at the start of tile i
-            tile_source = k2_tile_source(seq, p, h64, vblk, VB)
+            tile_source = k2_tile_source(seq, p, h64, vblk, VB, accurate=cfg.bsig_residue)
             produce_first_tiles(warp, seq.ntiles, full, empty, buf_addr, tile_source)
         w = warp
         g = lane >> 2  # C-fragment row (and row + 8)
@@ -467,7 +475,7 @@ class K2Recurrence:
         bsig of rows g and g + 8, the row predicates and the v words of every n-block."""
         NW = self.config.nw
         VSTR = v_stride(self.config.value_block)
-        a_inv, a_mqk, bs0, bs1 = _q2_q4_operands(sb, off_sq, g)
+        a_inv, a_mqk, bs0, bs1 = _q2_q4_operands(sb, off_sq, g, self.config.bsig_residue)
         ok0 = Int32(g < m)
         ok1 = Int32(g + 8 < m)
         v_a0 = sb + K2_OFF_V + g * VSTR + (w * NW + 2 * q) * 2
@@ -500,7 +508,7 @@ class K2Recurrence:
         NB = NW // 8
         VSTR = v_stride(cfg.value_block)
         if hoisted is None:
-            a_inv, a_mqk, bs0, bs1 = _q2_q4_operands(sb, off_sq, g)
+            a_inv, a_mqk, bs0, bs1 = _q2_q4_operands(sb, off_sq, g, self.config.bsig_residue)
             ok0 = Int32(g < m)
             ok1 = Int32(g + 8 < m)
         else:

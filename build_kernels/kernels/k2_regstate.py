@@ -161,7 +161,8 @@ class K2Regstate:
             h64 = Int64(h)
             H64 = Int64(n_heads)
 
-            tile_source = k2_tile_source(seq, p, h64, vblk, cfg.value_block, rows_by_add=cfg.producer_warpgroup)
+            tile_source = k2_tile_source(seq, p, h64, vblk, cfg.value_block, rows_by_add=cfg.producer_warpgroup,
+                                         accurate=cfg.accurate)
             if warp >= cfg.mma_warps:
                 self.load(warp, full, empty, buf_addr, seq, tile_source)
             else:

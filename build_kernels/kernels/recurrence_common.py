@@ -13,8 +13,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
-from .ptx_ops import (bulk_g2s, fma_rn, ldg_b32, mma_bf16_16816, movmatrix_t, mul_rn, pack_bf16x2, round_bf16x2, sub_rn,
-                      unpack_bf16x2)
+from .ptx_ops import (add_rn, bulk_g2s, fma_rn, lds_bf16_f32, ldg_b32, mma_bf16_16816, movmatrix_t, mul_rn, pack_bf16x2,
+                      round_bf16x2, sub_rn, unpack_bf16x2)
 from .. import abi_constants as ABI_CONSTANTS
 from .tile_ops import CHUNK, D, await_previous_grid
 
@@ -35,7 +35,8 @@ TILE_BYTES = ABI_CONSTANTS.TILE_IMAGE_BYTES  # one raw 16x128 bf16 image (qd, kd
 GT_BYTES = ABI_CONSTANTS.SLOT["gt"]
 SQ_BYTES = ABI_CONSTANTS.SLOT["inv"]  # inv / mqk (16x16 bf16 each)
 assert ABI_CONSTANTS.SLOT["mqk"] == SQ_BYTES and ABI_CONSTANTS.SLOT["qd"] == TILE_BYTES
-BSIG_BYTES = ABI_CONSTANTS.SLOT["bsig"]
+BSIG_BYTES = ABI_CONSTANTS.BSIG_PLANE_BYTES  # one plane of the bsig region: sigma(beta), or its residue
+assert ABI_CONSTANTS.SLOT["bsig"] == 2 * BSIG_BYTES
 HEAD_ROW_BYTES = D * 2  # one token row of one head in v / out
 
 
@@ -54,23 +55,51 @@ K2_OFF_MQK = K2_OFF_INV + SQ_BYTES
 K2_OFF_BSIG = K2_OFF_MQK + SQ_BYTES
 K2_OFF_V = K2_OFF_BSIG + 128
 K2_FIXED_TX = 3 * TILE_BYTES + GT_BYTES + 2 * SQ_BYTES + BSIG_BYTES  # 13856 bytes + the v rows
+K2_OFF_BSIG_LO = K2_OFF_BSIG + BSIG_BYTES  # numerics="accurate": the residue plane's slot, in bsig's pad
+
+
+def bsig_residue_plane(bsig_ptr: Int64, n_heads, cap) -> Int64:
+    """The address of the bsig region's second plane (docs/kernel_abi.md): the residues
+    bf(sigma - bf(sigma)) that numerics="accurate" adds back, one 32-byte slot per (head, tile)
+    after the n_heads * cap slots of sigma(beta)."""
+    return bsig_ptr + Int64(n_heads) * Int64(cap) * BSIG_BYTES
+
+
+def bsig_smalls(off: int, bsig_ptr, n_heads, cap, accurate: bool) -> tuple:
+    """The bsig copies of a stage (produce_tile's smalls): sigma(beta) at `off`; with
+    numerics="accurate" also its residue at off + 32 (the stage's bsig pad has room)."""
+    hi = ((off, bsig_ptr, BSIG_BYTES),)
+    if accurate:
+        return hi + ((off + BSIG_BYTES, bsig_residue_plane(bsig_ptr, n_heads, cap), BSIG_BYTES),)
+    return hi
 
 
 def k2_stage_bytes(vb: int) -> int:
     return (K2_OFF_V + CHUNK * v_stride(vb) + 127) // 128 * 128
 
 
-def k2_tile_source(seq, p, h64, vblk, VB: int, rows_by_add: bool = False):
+def k2_tile_source(seq, p, h64, vblk, VB: int, rows_by_add: bool = False, accurate: bool = False):
     """The arguments of produce_tile(s) after the ring and the tile index: where tile j of this
     CTA's (sequence, head) comes from (seq: SequenceTiles, p: K2Params), and K2's stage layout. v is
     read in place with its token and head strides v_st, v_sh (elements, Int64; rows of 128 contiguous
-    16-byte aligned values). rows_by_add: produce_tile's v-row addressing."""
+    16-byte aligned values). rows_by_add: produce_tile's v-row addressing; accurate: the stage also
+    holds the bsig residues (bsig_smalls)."""
     return (seq.tok0, seq.tok_end, h64 * Int64(p.cap) + Int64(seq.tile0),
             p.v_ptr + h64 * p.v_sh * 2 + Int64(vblk * (VB * 2)), p.v_st * 2,
             ((K2_OFF_QD, p.qd_ptr), (K2_OFF_KD, p.kd_ptr), (K2_OFF_KR, p.kr_ptr)),
-            ((K2_OFF_GT, p.gt_ptr, GT_BYTES), (K2_OFF_INV, p.inv_ptr, SQ_BYTES), (K2_OFF_MQK, p.mqk_ptr, SQ_BYTES),
-             (K2_OFF_BSIG, p.bsig_ptr, BSIG_BYTES)),
-            k2_stage_bytes(VB), K2_OFF_V, v_stride(VB), K2_FIXED_TX, VB * 2, rows_by_add)
+            ((K2_OFF_GT, p.gt_ptr, GT_BYTES), (K2_OFF_INV, p.inv_ptr, SQ_BYTES), (K2_OFF_MQK, p.mqk_ptr, SQ_BYTES))
+            + bsig_smalls(K2_OFF_BSIG, p.bsig_ptr, p.n_heads, p.cap, accurate),
+            k2_stage_bytes(VB), K2_OFF_V, v_stride(VB), K2_FIXED_TX + (BSIG_BYTES if accurate else 0), VB * 2,
+            rows_by_add)
+
+
+def lds_bsig(sb, off: int, row, accurate: bool):
+    """sigma(beta) of a stage row as fp32: the bf16 value, plus (numerics="accurate") its residue
+    from the next 32 bytes; the sum of the two bf16 is exact in fp32."""
+    b = lds_bf16_f32(sb + off + 2 * row)
+    if accurate:
+        b = add_rn(b, lds_bf16_f32(sb + off + BSIG_BYTES + 2 * row))
+    return b
 
 
 class K2Params(NamedTuple):

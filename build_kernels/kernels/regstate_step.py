@@ -13,12 +13,12 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
-from .ptx_ops import (add_rn, fma_rn, ldg_b32, ldg_b32_if, ldg_f32_pair_bf16_if, ldg_v2_f32, lds_bf16_f32,
+from .ptx_ops import (add_rn, fma_rn, ldg_b32, ldg_b32_if, ldg_f32_pair_bf16_if, ldg_v2_f32,
                       lds_bf16_f32_if, lds_v2_f32, ldsm_x4, mma_bf16_16816, movmatrix_t, mul_rn, pack_bf16x2,
                       round_bf16x2, smem_desc, stg_b32, stg_b32_if, stg_v2_f32, sub_rn, unpack_bf16x2, wgmma_commit,
                       wgmma_fence, wgmma_m64n16k16_rs, wgmma_m64n128k16_rs_mn, wgmma_wait)
 from .recurrence_common import (HEAD_ROW_BYTES, K2_OFF_BSIG, K2_OFF_GT, K2_OFF_INV, K2_OFF_KD, K2_OFF_KR,
-                                K2_OFF_MQK, K2_OFF_QD, K2_OFF_V, K2Params, SequenceTiles, k2_stage_bytes,
+                                K2_OFF_MQK, K2_OFF_QD, K2_OFF_V, K2Params, SequenceTiles, k2_stage_bytes, lds_bsig,
                                 v_stride, wait_stage_full)
 from .state_io import checkpoint_target, checkpoint_targets, sequence_start_of
 from .tile_ops import D
@@ -106,14 +106,15 @@ def _q1_chains(a_s, sb, zero):
     return a_s, acc_u, acc_o
 
 
-def _stage_operands(sb, off_sq, q, wg, r0, m, VSTR: int):
+def _stage_operands(sb, off_sq, q, wg, r0, m, VSTR: int, bsig_residue: bool = False):
     """A tile's stage-only operands, read while Q1 runs: the INV and Mqk B fragments, bsig, v^T and
     gamma. u^T's element c = 4 j + hh is (value row r0 + 8 (hh >> 1), token 8 j + 2q + (hh & 1));
     bs[2 j + x] is bsig of token 8 j + 2q + x; gam[4 kb + 2 half + x] is gamma of key 16 kb + 8 half
-    + 2q + x. v rows >= m read as 0 (the stage holds only the m copied rows)."""
+    + 2q + x. v rows >= m read as 0 (the stage holds only the m copied rows). bsig_residue: bsig
+    with its residue (numerics="accurate", recurrence_common.lds_bsig)."""
     f_inv = ldsm_x4(sb + K2_OFF_INV + off_sq)
     f_mqk = ldsm_x4(sb + K2_OFF_MQK + off_sq)
-    bs = [lds_bf16_f32(sb + K2_OFF_BSIG + 2 * (8 * (x >> 1) + 2 * q + (x & 1))) for x in range(4)]
+    bs = [lds_bsig(sb, K2_OFF_BSIG, 8 * (x >> 1) + 2 * q + (x & 1), bsig_residue) for x in range(4)]
     vv = []
     for c in range(8):
         t = 8 * (c // 4) + 2 * q + (c & 1)
@@ -313,7 +314,7 @@ def mma_warpgroups_accurate(cfg, p: K2Params, seq: SequenceTiles, warp: Int32, l
         # -------- Q1: u^T's chain, then o1^T's, each its own commit group
         a_s, acc_u, acc_o = _q1_chains(a_s, sb, zero)
 
-        f_inv, f_mqk, bs, vv, gam = _stage_operands(sb, off_sq, q, wg, r0, m, VSTR)
+        f_inv, f_mqk, bs, vv, gam = _stage_operands(sb, off_sq, q, wg, r0, m, VSTR, bsig_residue=True)
 
         acc_u = wgmma_wait(1, [], acc_u)[1]
 

@@ -48,13 +48,16 @@ def _run_k1(lib, x, kernel="k1_prepare"):
 
     def region(name, dtype, per_slot):
         off, nbytes = layout.regions[name]
+        if name == "bsig":  # two planes of [H, cap] slots (docs/kernel_abi.md): -> [H, cap, plane, 16]
+            return ws[off:off + nbytes].view(dtype).view(2, H, cap, 16).permute(1, 2, 0, 3)
         return ws[off:off + nbytes].view(dtype).view(H, cap, *per_slot)
 
     return dict(qd=_raw_to_rows(region("qd", torch.bfloat16, (2048,))),
                 kd=_raw_to_rows(region("kd", torch.bfloat16, (2048,))),
                 kr=_raw_to_rows(region("kr", torch.bfloat16, (2048,))),
                 gt=region("gt", torch.float32, (128,)), inv=region("inv", torch.bfloat16, (16, 16)),
-                mqk=region("mqk", torch.bfloat16, (16, 16)), bsig=region("bsig", torch.bfloat16, (16,)))
+                mqk=region("mqk", torch.bfloat16, (16, 16)), bsig=region("bsig", torch.bfloat16, (2, 16))[:, :, 0],
+                bsig_lo=region("bsig", torch.bfloat16, (2, 16))[:, :, 1])
 
 
 def _reference_tiles(x, approx, accurate=False):
@@ -116,4 +119,10 @@ def test_k1_workspace_matches_reference(gpu_approx, shape, H, kernel):
         valid = (torch.arange(nt * 16, device="cuda") < length).view(nt, 1, 16)
         want_b = torch.where(valid, b, torch.zeros_like(b)).to(torch.bfloat16).float()
         assert torch.equal(got["bsig"].float(), want_b), f"sequence {seq} bsig differs"
+        if kernel.endswith("_acc"):  # K1' adds the residue plane: bf(sigma - bf(sigma)), 0 on padded rows
+            b_hi = b.float().to(torch.bfloat16).float()
+            want_lo = torch.where(valid, b.float() - b_hi, torch.zeros_like(b_hi)).to(torch.bfloat16).float()
+            assert torch.equal(got["bsig_lo"].float(), want_lo), f"sequence {seq} bsig residue differs"
+        else:  # FlashKDA's K1 leaves the residue plane alone: still the poison
+            assert bool((got["bsig_lo"].view(torch.int16) == -1).all()), f"sequence {seq}: K1 wrote the residue plane"
         tile += nt
