@@ -44,13 +44,14 @@ copies, 3 elect regions).
 Shared memory (bytes):
   S^T         VB * 256 (bf16, K2's warp-region core-matrix layout)
   X mirror    VB * 256 (bf16, same layout)
-  stages      STAGES = 3 x SB, each: kd 4096 | kr 4096 | gt 512 | inv 512 | bsig 32 (+96 pad) |
+  stages      STAGES = 3 x SB, each: kd 4096 | kr 4096 | gt 512 | inv 512 | bsig 32 (accurate: + its
+              residue 32) (+pad to 128) |
               v 16 rows x (2 VB + 16) = 13696 / 11648 / 10624 per stage (VB = 128 / 64 / 32)
   barriers    2 * STAGES mbarriers
   total       ~106.7 KB (VB=128), ~67.8 KB (64), ~48.3 KB (32) incl. alignment
 
-Pipeline: K2's ring (full[s] count 1, expect_tx = 9248 + m * 2 VB bytes = kd + kr + gt + inv + bsig +
-m v rows; empty[s] count 32 W, every MMA thread arrives once after Q5 of both chains; a __syncwarp
+Pipeline: K2's ring (full[s] count 1, expect_tx = 9248 (accurate 9280) + m * 2 VB bytes = kd + kr + gt +
+inv + bsig (+ residue) + m v rows; empty[s] count 32 W, every MMA thread arrives once after Q5 of both chains; a __syncwarp
 between Q1's ldmatrix of S^T / Xb^T and Q5's writes of them, docs/sanitizers.md). Every tile the
 producer issues is consumed, so no copy is in flight at exit.
 """
@@ -76,6 +77,7 @@ OFF_GT = 2 * TILE_BYTES
 OFF_INV = OFF_GT + GT_BYTES
 OFF_BSIG = OFF_INV + SQ_BYTES
 OFF_V = OFF_BSIG + 128
+assert OFF_V - OFF_BSIG >= 2 * BSIG_BYTES  # bsig's pad holds the accurate recipe's residue slot
 FIXED_TX = 2 * TILE_BYTES + GT_BYTES + SQ_BYTES + BSIG_BYTES  # 9248 bytes + the v rows
 BF16_ONE = 0x3F80
 

@@ -40,16 +40,18 @@ Shared memory (bytes):
   state S^T   VB * 128 * 2 (32768 / 16384 / 8192). Warp region of NW columns: 8x8 core matrices of 128
               bytes (rows k, 8 v per row), core (kc, vc) at 128 * (vc + NB * kc).
   stages      STAGES = 3 x STAGE_BYTES, each: qd 4096 | kd 4096 | kr 4096 | gt 512 | inv 512 | mqk 512 |
-              bsig 32 (+96 pad) | v 16 rows x (2 VB + 16) (rows padded by 16 B: conflict-free 32-bit reads)
+              bsig 32 (accurate: + its residue 32) (+pad to 128) | v 16 rows x (2 VB + 16) (rows padded by
+              16 B: conflict-free 32-bit reads)
               = 18304 / 16256 / 15232 per stage
   barriers    2 * STAGES mbarriers
   total       87856 (VB=128), 65328 (64), 54064 (32) bytes incl. alignment
 
 Pipeline protocol (hand-rolled ring, STAGES stages, tile i uses stage s = i % STAGES, round r = i // STAGES):
   full[s]   arrive count 1. Producer: wait empty[s] at parity (r & 1) ^ 1 (passes at once in round 0),
-            then one elected lane does arrive.expect_tx(full[s], 13856 + m * 2 VB) and issues the copies
-            that complete exactly those bytes on full[s]: qd, kd, kr (4096 each, raw images), gt 512, inv
-            512, mqk 512, bsig 32 and m rows of v (2 VB bytes each). MMA warps wait full[s] at parity r & 1.
+            then one elected lane does arrive.expect_tx(full[s], 13856 (accurate 13888) + m * 2 VB) and
+            issues the copies that complete exactly those bytes on full[s]: qd, kd, kr (4096 each, raw
+            images), gt 512, inv 512, mqk 512, bsig 32 (accurate: and its residue, 32) and m rows of v
+            (2 VB bytes each). MMA warps wait full[s] at parity r & 1.
   empty[s]  arrive count 32 W. Every MMA thread arrives once after its last read of the stage (end of
             Q5), so each thread's own arrive releases its own reads before the producer's next bulk
             write; an elected arrive after __syncwarp is equivalent on the hardware but racecheck does

@@ -55,7 +55,7 @@ K2_OFF_MQK = K2_OFF_INV + SQ_BYTES
 K2_OFF_BSIG = K2_OFF_MQK + SQ_BYTES
 K2_OFF_V = K2_OFF_BSIG + 128
 K2_FIXED_TX = 3 * TILE_BYTES + GT_BYTES + 2 * SQ_BYTES + BSIG_BYTES  # 13856 bytes + the v rows
-K2_OFF_BSIG_LO = K2_OFF_BSIG + BSIG_BYTES  # numerics="accurate": the residue plane's slot, in bsig's pad
+assert K2_OFF_V - K2_OFF_BSIG >= 2 * BSIG_BYTES  # bsig's pad holds the accurate recipe's residue slot
 
 
 def bsig_residue_plane(bsig_ptr: Int64, n_heads, cap) -> Int64:

@@ -95,6 +95,8 @@ class _Problem:
 
     def region(self, name, dtype, per_slot):
         off, nbytes = self.layout.regions[name]
+        if name == "bsig":  # its first plane, sigma(beta) (the second is the accurate residue: docs/kernel_abi.md)
+            nbytes //= 2
         return self.ws[off:off + nbytes].view(dtype).view(self.H, self.cap, *per_slot)
 
     def pre_scan(self, vb, idle=0):
