@@ -115,15 +115,18 @@ def test_every_state_kernel_has_an_accurate_twin_and_nothing_else_does():
                 assert dict(twin.constants, accurate=False) == dict(k.constants)
                 assert k.constants.get("ablation", 0) == 0 == twin.constants.get("ablation", 0)
                 twins += 1
-        elif k.entry == "k1_prepare":  # FlashKDA's K1 and the general K1 of the other gate forms
-            assert k.constants["accurate"] is name.endswith("_acc"), name
-            if name.endswith("_acc"):
-                plain = kernels[name[:-len("_acc")]]
+        elif k.entry == "k1_prepare":  # FlashKDA's K1 and the general K1 of the other gate forms, each also strided
+            strided = name.endswith("_strided")
+            assert k.constants.get("strided", False) is strided, name
+            base = name[:-len("_strided")] if strided else name
+            assert k.constants["accurate"] is base.endswith("_acc"), name
+            if base.endswith("_acc"):
+                plain = kernels[base[:-len("_acc")] + ("_strided" if strided else "")]
                 assert k.args == plain.args and dict(k.constants, accurate=False) == dict(plain.constants)
                 twins += 1
         else:
             assert "accurate" not in k.constants and "ablation" not in k.constants and not name.endswith("_acc"), name
-    assert twins == 21 + 6 + 3 + 1 + 24  # K2, segmented K2, pre_scan, K1, general K1
+    assert twins == 21 + 6 + 3 + 2 * (1 + 24)  # K2, segmented K2, pre_scan, K1 and general K1 (both twins)
     assert acc_twins == 14 + 4  # register-state K2 at VB=64 and 128: serial, segmented
 
 
