@@ -78,7 +78,6 @@ OFF_INV = OFF_GT + GT_BYTES
 OFF_BSIG = OFF_INV + SQ_BYTES
 OFF_V = OFF_BSIG + 128
 assert OFF_V - OFF_BSIG >= 2 * BSIG_BYTES  # bsig's pad holds the accurate recipe's residue slot
-FIXED_TX = 2 * TILE_BYTES + GT_BYTES + SQ_BYTES + BSIG_BYTES  # 9248 bytes + the v rows
 BF16_ONE = 0x3F80
 
 
@@ -210,8 +209,7 @@ class CpPreScan:
                       ((OFF_KD, p.kd_ptr), (OFF_KR, p.kr_ptr)),
                       ((OFF_GT, p.gt_ptr, GT_BYTES), (OFF_INV, p.inv_ptr, SQ_BYTES))
                       + bsig_smalls(OFF_BSIG, p.bsig_ptr, p.n_heads, p.cap, self.config.accurate),
-                      stage_bytes(VB), OFF_V, v_stride(VB), FIXED_TX + (BSIG_BYTES if self.config.accurate else 0),
-                      VB * 2)
+                      stage_bytes(VB), OFF_V, v_stride(VB), VB * 2)
 
     @cute.jit
     def mma(self, p: PreScanParams, seq: SequenceTiles, warp: Int32, lane: Int32, j: Int32, h64: Int64, H64: Int64,

@@ -62,7 +62,8 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64, Uint8, Uint32
 
 from .ptx_ops import ex2_approx_ftz, f16x2_to_f32x2, f32x2_to_bf16x2, ldg_b32, mul_rn_ftz, sub_rn
-from .tile_ops import (CHUNK, D, LOG2E, await_previous_grid, bulk_g2s_tensor, bulk_s2g_elected, raw_tile_layout, round_bf16)
+from .tile_ops import (CHUNK, D, LOG2E, await_previous_grid, bsig_residue_slot0, bulk_g2s_tensor, bulk_s2g_elected,
+                       raw_tile_layout, round_bf16)
 from .tile_prep import (BETA_LOGITS, F32_FACTOR_ROW, GATE_LOGDECAY, GATE_SAFE, PAD_ROW, decayed_images,
                         decayed_images_wide, gate_factors, gate_factors_general, inverse_fragments, l2norm_hat,
                         mqk_block_words, mqk_split_products, mqk_words, product_fragments, qk_products,
@@ -631,7 +632,7 @@ class K1Prepare:
             if cutlass.const_expr(self.config.accurate):
                 # the residue plane (docs/kernel_abi.md, bsig): bf(sigma - bf(sigma)), which the
                 # accurate K2 and pre_scan add back (sigma to 16 bits)
-                plane = Int64(p.n_heads) * Int64(p.cap) * CHUNK
+                plane = bsig_residue_slot0(p.n_heads, p.cap) * CHUNK
                 mLo = cute.make_tensor(p.ws_bsig + (plane + slot * CHUNK), cute.make_layout(CHUNK))
                 mLo[row_lo] = BFloat16(_select(row_lo < m, round_bf16(sub_rn(sig_lo, round_bf16(sig_lo))), 0.0,
                                                Float32))

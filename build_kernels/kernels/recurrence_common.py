@@ -16,7 +16,7 @@ from cutlass import Int32, Int64
 from .ptx_ops import (add_rn, bulk_g2s, fma_rn, lds_bf16_f32, ldg_b32, mma_bf16_16816, movmatrix_t, mul_rn, pack_bf16x2,
                       round_bf16x2, sub_rn, unpack_bf16x2)
 from .. import abi_constants as ABI_CONSTANTS
-from .tile_ops import CHUNK, D, await_previous_grid
+from .tile_ops import CHUNK, D, await_previous_grid, bsig_residue_slot0
 
 STAGES = 3
 # Value columns per MMA warp, per value_block. Measured on an H200 (H=64, T=8192, us per 16-token tile):
@@ -54,15 +54,13 @@ K2_OFF_INV = K2_OFF_GT + GT_BYTES
 K2_OFF_MQK = K2_OFF_INV + SQ_BYTES
 K2_OFF_BSIG = K2_OFF_MQK + SQ_BYTES
 K2_OFF_V = K2_OFF_BSIG + 128
-K2_FIXED_TX = 3 * TILE_BYTES + GT_BYTES + 2 * SQ_BYTES + BSIG_BYTES  # 13856 bytes + the v rows
 assert K2_OFF_V - K2_OFF_BSIG >= 2 * BSIG_BYTES  # bsig's pad holds the accurate recipe's residue slot
 
 
 def bsig_residue_plane(bsig_ptr: Int64, n_heads, cap) -> Int64:
-    """The address of the bsig region's second plane (docs/kernel_abi.md): the residues
-    bf(sigma - bf(sigma)) that numerics="accurate" adds back, one 32-byte slot per (head, tile)
-    after the n_heads * cap slots of sigma(beta)."""
-    return bsig_ptr + Int64(n_heads) * Int64(cap) * BSIG_BYTES
+    """The address of the bsig region's second plane (tile_ops.bsig_residue_slot0): the residues
+    bf(sigma - bf(sigma)) that numerics="accurate" adds back."""
+    return bsig_ptr + bsig_residue_slot0(n_heads, cap) * BSIG_BYTES
 
 
 def bsig_smalls(off: int, bsig_ptr, n_heads, cap, accurate: bool) -> tuple:
@@ -89,8 +87,7 @@ def k2_tile_source(seq, p, h64, vblk, VB: int, rows_by_add: bool = False, accura
             ((K2_OFF_QD, p.qd_ptr), (K2_OFF_KD, p.kd_ptr), (K2_OFF_KR, p.kr_ptr)),
             ((K2_OFF_GT, p.gt_ptr, GT_BYTES), (K2_OFF_INV, p.inv_ptr, SQ_BYTES), (K2_OFF_MQK, p.mqk_ptr, SQ_BYTES))
             + bsig_smalls(K2_OFF_BSIG, p.bsig_ptr, p.n_heads, p.cap, accurate),
-            k2_stage_bytes(VB), K2_OFF_V, v_stride(VB), K2_FIXED_TX + (BSIG_BYTES if accurate else 0), VB * 2,
-            rows_by_add)
+            k2_stage_bytes(VB), K2_OFF_V, v_stride(VB), VB * 2, rows_by_add)
 
 
 def lds_bsig(sb, off: int, row, accurate: bool):
@@ -255,14 +252,14 @@ def wait_stage_empty(empty: cute.Pointer, i):
 def produce_tile(full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, i: Int32, tok0: Int32, tok_end: Int32,
                  slot0: Int64, v_row0: Int64, row_step: Int64, images: tuple, smalls: tuple,
                  stage: cutlass.Constexpr[int], off_v: cutlass.Constexpr[int], vstr: cutlass.Constexpr[int],
-                 fixed_tx: cutlass.Constexpr[int], v_bytes: cutlass.Constexpr[int],
-                 rows_by_add: cutlass.Constexpr[bool] = False):
+                 v_bytes: cutlass.Constexpr[int], rows_by_add: cutlass.Constexpr[bool] = False):
     """Tile i of the ring, issued by one whole warp: wait for its stage to be free, arm it with the
     exact bytes of its copies, and issue them (three elected regions: arm + raw images, the small
     per-tile tensors, the m valid v rows).
 
     images: ((smem offset, global base), ...) of 4 KiB raw tile images; smalls: ((smem offset,
-    global base, bytes), ...) of per-slot tensors; v rows start at v_row0 + token * row_step.
+    global base, bytes), ...) of per-slot tensors; v rows start at v_row0 + token * row_step. The
+    armed bytes are those copies' (a compile-time sum) plus m * v_bytes.
     rows_by_add: each row's address is the last one's plus row_step, else v_row0 + token * row_step
     per row. The choice moves ptxas's schedule of the whole kernel, so each kernel takes the form
     that measured fastest for it (docs/api.md, "Cost"): the add at the register-state K2's VB=128
@@ -275,6 +272,7 @@ def produce_tile(full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, i: In
     slot = slot0 + Int64(i)
     sb = buf_addr + s * stage
     fb = (full + s).toint()
+    fixed_tx = len(images) * TILE_BYTES + sum(nbytes for _, _, nbytes in smalls)
     with cute.arch.elect_one():
         cute.arch.mbarrier_arrive_and_expect_tx(full + s, fixed_tx + m * v_bytes)
         for off, base in images:
@@ -297,12 +295,11 @@ def produce_tile(full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, i: In
 def produce_tiles(full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, ntiles: Int32, tok0: Int32,
                   tok_end: Int32, slot0: Int64, v_row0: Int64, row_step: Int64, images: tuple, smalls: tuple,
                   stage: cutlass.Constexpr[int], off_v: cutlass.Constexpr[int], vstr: cutlass.Constexpr[int],
-                  fixed_tx: cutlass.Constexpr[int], v_bytes: cutlass.Constexpr[int],
-                  rows_by_add: cutlass.Constexpr[bool] = False):
+                  v_bytes: cutlass.Constexpr[int], rows_by_add: cutlass.Constexpr[bool] = False):
     """The producer warp of K2 and pre_scan: every tile in order, each as produce_tile."""
     for i in cutlass.range(ntiles, unroll=1):
         produce_tile(full, empty, buf_addr, i, tok0, tok_end, slot0, v_row0, row_step, images, smalls, stage, off_v,
-                     vstr, fixed_tx, v_bytes, rows_by_add)
+                     vstr, v_bytes, rows_by_add)
 
 
 @cute.jit

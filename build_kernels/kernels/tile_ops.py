@@ -70,6 +70,13 @@ def bf16x2_to_f32x2(x):
     return u32_as_f32(x << Uint32(16)), u32_as_f32(x & Uint32(0xFFFF0000))
 
 
+def bsig_residue_slot0(n_heads, cap) -> Int64:
+    """The first slot of the bsig region's residue plane (docs/kernel_abi.md): the region holds
+    n_heads * cap slots of sigma(beta), then as many of its residue bf(sigma - bf(sigma)), which
+    numerics="accurate" writes (K1') and adds back (K2, pre_scan)."""
+    return Int64(n_heads) * Int64(cap)
+
+
 def round_bf16(x) -> Float32:
     """bf(x) as an fp32 value (RNE)."""
     return u32_as_f32(f32x2_to_bf16x2(Float32(0.0), x))

@@ -79,14 +79,18 @@ def _k1_strides(problem: Problem) -> dict:
     return {name: value for name, value in input_strides(problem).items() if not name.startswith("v_")}
 
 
+def contiguous_k1_strides(H: int) -> dict:
+    """K1's stride arguments for contiguous q, k, g [T, H, 128] and beta [T, H]."""
+    strides = {f"{x}_stride_{d}": (H * planner.D if d == "t" else planner.D) for x in "qkg" for d in "th"}
+    strides["beta_stride_t"] = H
+    return strides
+
+
 def k1_reads_strided(problem: Problem) -> bool:
     """Whether K1 must read q, k, g or beta at strides other than contiguous [T, H, 128] / [T, H]:
     then its strided twin runs (build_kernels/registry.py, _k1_strided); contiguous inputs keep
     the K1 with one row offset for all three loads (docs/api.md, "Strided inputs")."""
-    H, D = problem.H, planner.D
-    contiguous = {f"{x}_stride_{d}": (H * D if d == "t" else D) for x in "qkg" for d in "th"}
-    contiguous["beta_stride_t"] = H
-    return _k1_strides(problem) != contiguous
+    return _k1_strides(problem) != contiguous_k1_strides(problem.H)
 
 
 def _sequence_tables(prog: Program, problem: Problem, off, n_seq: int, order: bool = True) -> None:

@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 from . import planner
 from ..library.abi_constants import D
-from .launcher import WS_REGIONS, gate_constant
+from .launcher import WS_REGIONS, contiguous_k1_strides, gate_constant
 from ..library.loader import KernelLibrary
 from .program import NULL, STREAM, Program, Ref, ws
 from .workspace import workspace_layout
@@ -54,9 +54,7 @@ def transfer_program(lib: KernelLibrary, device_id: int, n_heads: int, t_local: 
     off = layout.pointers(0)
     tables = dict(seq_start=ws(off["seq_start"]), tile_prefix=ws(off["tile_prefix"]))
     prog = Program(lib, device_id)
-    # the transferred q, k, g, beta are packed [t_local, H, 128] / [t_local, H]
-    contiguous = {f"{x}_stride_{d}": (H * D if d == "t" else D) for x in "qkg" for d in "th"}
-    contiguous["beta_stride_t"] = H
+    contiguous = contiguous_k1_strides(H)  # the transferred q, k, g, beta are packed [t_local, H, 128] / [t_local, H]
     prog.add("seq_tables_int32", dict(tables, cu_seqlens=Ref("cu_seqlens"), seq_order=NULL, n_seq=S, t_total=t_local,
                                       stream=STREAM))
     prog.add("k1_prepare", dict(

@@ -52,12 +52,12 @@ def _run_k1(lib, x, kernel="k1_prepare"):
             return ws[off:off + nbytes].view(dtype).view(2, H, cap, 16).permute(1, 2, 0, 3)
         return ws[off:off + nbytes].view(dtype).view(H, cap, *per_slot)
 
+    bsig = region("bsig", torch.bfloat16, (2, 16))
     return dict(qd=_raw_to_rows(region("qd", torch.bfloat16, (2048,))),
                 kd=_raw_to_rows(region("kd", torch.bfloat16, (2048,))),
                 kr=_raw_to_rows(region("kr", torch.bfloat16, (2048,))),
                 gt=region("gt", torch.float32, (128,)), inv=region("inv", torch.bfloat16, (16, 16)),
-                mqk=region("mqk", torch.bfloat16, (16, 16)), bsig=region("bsig", torch.bfloat16, (2, 16))[:, :, 0],
-                bsig_lo=region("bsig", torch.bfloat16, (2, 16))[:, :, 1])
+                mqk=region("mqk", torch.bfloat16, (16, 16)), bsig=bsig[:, :, 0], bsig_lo=bsig[:, :, 1])
 
 
 def _reference_tiles(x, approx, accurate=False):
