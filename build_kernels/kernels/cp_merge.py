@@ -53,6 +53,8 @@ Programmatic dependent launch: the kernel is launched with use_pdl and waits for
 """
 
 import dataclasses
+import enum
+from typing import Optional
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -62,11 +64,18 @@ from cutlass import Float32, Int32, Int64
 from .ptx_ops import (bulk_g2s, cp_async_16, ldg_bf16x4_f32, ldg_v4_f32, lds_b32, lds_f32, lds_v2_f32, mma_tf32_1688,
                       st_shared_v4, stg_v2_f32, stg_v4_f32, sts_v2_b32, to_tf32)
 from .state_io import pool_slot
-from .tile_ops import D, await_previous_grid, m_seg_column
+from .tile_ops import D, await_previous_grid, m_seg_column, sync_named
 
 ROWS = 16  # carry rows (value rows) per CTA: one m16 tile
 WARPS = 8  # MMA warps per CTA, each owning WARP_COLS output columns
 THREADS = 32 * WARPS
+
+
+class MergeBarrier(enum.IntEnum):
+    """The merge's CTA barriers (tile_ops.sync_named, all THREADS threads; module docstring: pipeline)."""
+
+    FULL_ARMED = 1  # the two full mbarriers initialised and fenced
+    STEP = 2  # step i: everyone's B chunks landed, step i - 1's carry published, buffers i + 1 free
 WARP_COLS = D // WARPS
 KSTEPS = D // 8  # m16n8k8 k-steps per step
 
@@ -161,18 +170,19 @@ class CpMerge:
 
     def _launch(self, m_seg, b_seg, init, carries, seg_first, seg_count, n_seq, n_heads, stream, state_index=None,
                 slot_stride=None, n_pool=None):
-        """The kernel's parameters are the same in both modes (its PTX .param list): without a pool,
-        a null index and zeros, never read (pooled is off)."""
+        """Without a pool, the pool's three parameters are None, and so is the initial state without one:
+        compile-time constants the DSL leaves out of the kernel's .param list (nothing reads them)."""
         table = cute.make_layout(n_seq)
-        self.kernel(m_seg.toint(), b_seg.toint(), init.toint(), carries.toint(), cute.make_tensor(seg_first, table),
-                    cute.make_tensor(seg_count, table), n_heads,
-                    Int64(0) if state_index is None else state_index.toint(),
-                    Int64(0) if slot_stride is None else slot_stride, Int32(0) if n_pool is None else n_pool).launch(
+        init_ptr = init.toint() if self.config.has_initial else None  # unread without one
+        self.kernel(m_seg.toint(), b_seg.toint(), init_ptr, carries.toint(), cute.make_tensor(seg_first, table),
+                    cute.make_tensor(seg_count, table), n_heads, None if state_index is None else state_index.toint(),
+                    slot_stride, n_pool).launch(
             grid=(D // ROWS, n_seq, n_heads), block=(THREADS, 1, 1), stream=stream, use_pdl=True)
 
     @cute.kernel
-    def kernel(self, m_ptr: Int64, b_ptr: Int64, init_ptr: Int64, carry_ptr: Int64, mFirst: cute.Tensor,
-               mCount: cute.Tensor, n_heads: Int32, idx_ptr: Int64, slot_stride: Int64, n_pool: Int32):
+    def kernel(self, m_ptr: Int64, b_ptr: Int64, init_ptr: Optional[Int64], carry_ptr: Int64, mFirst: cute.Tensor,
+               mCount: cute.Tensor, n_heads: Int32, idx_ptr: Optional[Int64], slot_stride: Optional[Int64],
+               n_pool: Optional[Int32]):
         """CTA (rb, n, h): the barriers, step 0's copies, carry[first], then every step (module
         docstring: pipeline)."""
         rb, n, h = cute.arch.block_idx()
@@ -197,7 +207,7 @@ class CpMerge:
                 cute.arch.mbarrier_init(full, 1)
                 cute.arch.mbarrier_init(full + 1, 1)
                 cute.arch.mbarrier_init_fence()
-        cute.arch.barrier()
+        sync_named(MergeBarrier.FULL_ARMED, THREADS)
 
         await_previous_grid()  # pre_scan's m_seg / b_seg are complete and visible
         first = mFirst[n]
@@ -229,7 +239,7 @@ class CpMerge:
             c_rd = c_base + buf * CARRY_BYTES
             c_wr = c_base + (buf ^ 1) * CARRY_BYTES
             cute.arch.cp_async_wait_group(0)  # this thread's B chunks of this step landed
-            cute.arch.barrier()  # everyone's did; carry of step - 1 published; buffers buf ^ 1 free
+            sync_named(MergeBarrier.STEP, THREADS)  # everyone's did; step - 1's carry published; buf ^ 1 free
             if step + 1 < nsteps:
                 _issue_step(ctx, step + 1, buf ^ 1, warp, tidx)
             cute.arch.cp_async_commit_group()
@@ -238,7 +248,8 @@ class CpMerge:
             self.epilogue(acc, carry_ptr + (_mat_base(first + step + 1, h64, H64) + out_off) * 4, c_wr, cw_off)
 
     @cute.jit
-    def first_carry(self, init_ptr: Int64, carry_ptr: Int64, idx_ptr: Int64, slot_stride: Int64, n_pool: Int32,
+    def first_carry(self, init_ptr: Optional[Int64], carry_ptr: Int64, idx_ptr: Optional[Int64],
+                    slot_stride: Optional[Int64], n_pool: Optional[Int32],
                     n: Int32, count: Int32, first: Int32, row0: Int32, h64: Int64, H64: Int64, c_base: Int32,
                     tidx: Int32):
         """carry[first] = widened initial state (or 0): global fp32 copy + tf32 A operand in smem."""

@@ -8,7 +8,7 @@ gamma = 2^G_tot (fp32), INV = (I+L)^-1, Mqk, bf(sigma(beta)).
 
 Stages and thread roles (warps w0..w7):
   0. all:      every warp resolves (sequence, first token, m valid rows) by itself; w0 initialises
-               the mbarrier (one CTA barrier).
+               the mbarrier (CTA barrier K1Barrier.LOAD_ARMED).
   1. all:      warp w, one elected lane, issues the 256-byte `cp.async.bulk` G2S copies of token rows
                w and w+8 (if < m) of q, k, g into padded staging rows (rows >= m are never read
                from global memory, so no other sequence's data enters the CTA); w0 arms the
@@ -18,10 +18,10 @@ Stages and thread roles (warps w0..w7):
                rows, e = bf(2^G), ebar = bf(2^-G) to smem, gamma to the workspace, bf(gamma) to smem.
      w4-w7:    L2 norm (P1) of q (w4, w5) and k (w6, w7), 4 lanes per row, 4 chunks of 8 per lane;
                q^, k^ stay in registers.
-     -- barrier B1 (one bar.sync, all 256 threads, outside the role branches: docs/sanitizers.md) --
+     -- barrier B1, K1Barrier.GATED (one bar.sync, all 256 threads, outside the role branches: docs/sanitizers.md) --
   3. w4-w7:    decayed tiles (P5) written as raw 8x8-core-matrix images (docs/algorithm.md §4.8): Qd over the q
                staging buffer, Kd over k, Kr over g, Ki (K1-internal) in its own buffer.
-     -- fence.proxy.async.shared (w4-w7), barrier B2 (one bar.sync, all threads) --
+     -- fence.proxy.async.shared (w4-w7), barrier B2, K1Barrier.IMAGES (one bar.sync, all threads) --
   4. w7:       one elected lane bulk-stores the three 4 KiB images (S2G), commits and waits.
      w0:       L = Kd Ki^T (bf16 mma.sync, fp32 acc) -> fp16, beta row scale, strict-lower mask,
                fp16 Neumann product (fp16-accumulating mma.sync, movmatrix transposes, packed fp16
@@ -54,6 +54,7 @@ by one RNE conversion.
 """
 
 import dataclasses
+import enum
 from typing import Any, NamedTuple
 
 import cuda.bindings.driver as cuda
@@ -63,13 +64,25 @@ from cutlass import BFloat16, Float32, Int32, Int64, Uint8, Uint32
 
 from .ptx_ops import ex2_approx_ftz, f16x2_to_f32x2, f32x2_to_bf16x2, ldg_b32, mul_rn_ftz, sub_rn
 from .tile_ops import (CHUNK, D, LOG2E, await_previous_grid, bsig_residue_slot0, bulk_g2s_tensor, bulk_s2g_elected,
-                       raw_tile_layout, round_bf16)
+                       raw_tile_layout, round_bf16, sync_named)
 from .tile_prep import (BETA_LOGITS, F32_FACTOR_ROW, GATE_LOGDECAY, GATE_SAFE, PAD_ROW, decayed_images,
                         decayed_images_wide, gate_factors, gate_factors_general, inverse_fragments, l2norm_hat,
                         mqk_block_words, mqk_split_products, mqk_words, product_fragments, qk_products,
                         select as _select, wide_tile_products)
 
 THREADS = 256
+
+
+class K1Barrier(enum.IntEnum):
+    """K1's CTA barriers (tile_ops.sync_named, all THREADS threads), in the order of the module
+    docstring's stages. Each is ONE bar.sync that every thread executes outside the role branches:
+    a barrier reached from two different instructions (one per role) is what synccheck reports as
+    "Divergent thread(s) in block", although the hardware counts the arrivals alike."""
+
+    LOAD_ARMED = 1  # stage 0: the load mbarrier initialised and fenced
+    GATED = 2  # B1: e, ebar, bf(gamma) published; the staging reads done
+    IMAGES = 3  # B2: the decayed images written and fenced for the bulk stores
+    WIDE_PRODUCTS = 4  # B3 (general K1, wide tiles): the wide-tile products published
 # Five CTAs per SM, set by registers: 48 per thread at most (ptxas would otherwise take 57 for the
 # accurate twin and drop to four). Six (40 registers) spill and measured only 1-2% faster
 # (docs/speed_limits.md).
@@ -345,18 +358,14 @@ class K1Prepare:
             hat = cute.make_rmem_tensor(16, Uint32)
             # K1' keeps the raw rows in hat and their rsqrt here (l2norm_hat keep_raw)
             norm = cute.make_rmem_tensor(1, Float32) if cutlass.const_expr(cfg.accurate) else None
-            # B1 and B2 are each ONE bar.sync that all 256 threads execute outside the role branches: a
-            # CTA barrier reached from two different instructions (one per role) is what synccheck
-            # reports as "Divergent thread(s) in block", although the hardware counts the arrivals alike.
             self.gate_and_norm(p, sm, warp, lane, chan, gate_a, dt, m, slot, row, quad, is_k, hat, norm)
-
-            cute.arch.barrier()  # B1: e, ebar, bf(gamma) published; staging reads done
+            sync_named(K1Barrier.GATED, THREADS)
 
             wide = None
             if cutlass.const_expr(cfg.general):
                 wide = self.wide_tile(sm)
             self.images(p, sm, warp, wide, row, quad, is_k, hat, norm)
-            cute.arch.barrier()  # B2
+            sync_named(K1Barrier.IMAGES, THREADS)
 
             self.store_images(p, sm, warp, slot)
             self.products(p, sm, warp, lane, wide, slot, m, row_lo, logit_lo, logit_hi)
@@ -371,7 +380,7 @@ class K1Prepare:
             with cute.arch.elect_one():
                 cute.arch.mbarrier_init(sm.mbar, 1)
             cute.arch.mbarrier_init_fence()
-        cute.arch.barrier()
+        sync_named(K1Barrier.LOAD_ARMED, THREADS)
 
         row_layout = cute.make_layout(D)
         if warp == 0:
@@ -529,7 +538,7 @@ class K1Prepare:
         if cutlass.const_expr(cfg.general):
             if wide.flag != 0:
                 wide_tile_products(sm.sG, wide.sQh, wide.sKh, wide.sL, wide.sM, warp, lane, p.scale)
-                cute.arch.barrier()  # B3: the products published
+                sync_named(K1Barrier.WIDE_PRODUCTS, THREADS)
         if cutlass.const_expr(cfg.accurate):
             self.products_accurate(p, sm, warp, lane, wide, slot, m, row_lo, logit_lo, logit_hi)
         else:

@@ -65,6 +65,7 @@ Pipeline protocol (hand-rolled ring, STAGES stages, tile i uses stage s = i % ST
 """
 
 import dataclasses
+from typing import Optional
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -308,10 +309,11 @@ class K2Recurrence:
     @cute.kernel
     def kernel(self, v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64,
                inv_ptr: Int64, mqk_ptr: Int64, bsig_ptr: Int64, mStart: cute.Tensor, mPrefix: cute.Tensor,
-               init_ptr: Int64, final_ptr: Int64, mSlot: cute.Tensor, n_heads: Int32, cap: Int32,
-               idx_ptr: Int64, slot_stride: Int64, n_pool: Int32, ck_ptr: Int64, ck_every: Int32,
-               mSeqStart: cute.Tensor, n_real: Int32, order_ptr: Int64, ck_tab: Int64, ck_k: Int32,
-               ck_stride: Int64, v_st: Int64, v_sh: Int64):
+               init_ptr: Optional[Int64], final_ptr: Optional[Int64], mSlot: Optional[cute.Tensor], n_heads: Int32,
+               cap: Int32, idx_ptr: Optional[Int64], slot_stride: Optional[Int64], n_pool: Optional[Int32],
+               ck_ptr: Optional[Int64], ck_every: Optional[Int32], mSeqStart: Optional[cute.Tensor],
+               n_real: Optional[Int32], order_ptr: Optional[Int64], ck_tab: Optional[Int64], ck_k: Optional[Int32],
+               ck_stride: Optional[Int64], v_st: Int64, v_sh: Int64):
         """The CTA (n, h, vblk): its stage ring and state buffer, then the roles (module docstring):
         the producer warp (load) and the MMA warps (mma). Parameters: K2Params."""
         cfg = self.config
@@ -614,7 +616,8 @@ class K2Serial(K2Recurrence):
         tables [n_seq + 1] int32, seq_order [n_seq] int32 (the dispatch order; null: sequence order),
         states [n_seq, H, 128, 128] (V x K). t_total is not needed by the
         kernel (every access is bounded by seq_start)."""
-        self._launch(k2_params(v, out, (ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk, ws_bsig), seq_start, tile_prefix,
+        self._launch(k2_params(self.config, v, out, (ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk, ws_bsig),
+                               seq_start, tile_prefix,
                                n_seq, n_heads, cap, v_stride_t, v_stride_h, initial_state, final_state,
                                seq_order=seq_order),
                      n_seq, n_heads, stream)
@@ -637,8 +640,8 @@ class K2Segments(K2Recurrence):
         [n_seg, H, 128, 128], and the exit state of segment j written to final_state[final_slot[j]]
         (bf16 or fp32 [n_seq, H, 128, 128]) when final_slot[j] >= 0, i.e. only by each sequence's
         last segment: no scratch and no gather kernel."""
-        self._launch(k2_params(v, out, (ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk, ws_bsig), seg_start, seg_prefix,
-                               n_seg, n_heads, cap, v_stride_t, v_stride_h, carries, final_state,
+        self._launch(k2_params(self.config, v, out, (ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk, ws_bsig),
+                               seg_start, seg_prefix, n_seg, n_heads, cap, v_stride_t, v_stride_h, carries, final_state,
                                final_slot=final_slot),
                      n_seg, n_heads, stream)
 
@@ -672,7 +675,8 @@ class K2Ext(K2Recurrence):
         per destination slot. real_seq_start [n_real + 1] (the sequence tables) tells a segment where
         its sequence starts and which it is. v is read at token / head strides v_stride_t / v_stride_h.
         seq_order [n_seq] (null: sequence order) is the dispatch order of the serial call's sequences."""
-        self._launch(k2_params(v, out, (ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk, ws_bsig), seq_start, tile_prefix,
+        self._launch(k2_params(self.config, v, out, (ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk, ws_bsig),
+                               seq_start, tile_prefix,
                                n_seq, n_heads, cap, v_stride_t, v_stride_h, initial_state, final_state,
                                final_slot=final_slot, seq_order=seq_order, state_index=state_index,
                                slot_stride=slot_stride, n_pool=n_pool, checkpoints=checkpoints,

@@ -44,6 +44,7 @@ gave their results U^T's registers and waited for Q5 right there).
 """
 
 import dataclasses
+from typing import Optional
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -133,10 +134,11 @@ class K2Regstate:
     @cute.kernel
     def kernel(self, v_ptr: Int64, out_ptr: Int64, qd_ptr: Int64, kd_ptr: Int64, kr_ptr: Int64, gt_ptr: Int64,
                inv_ptr: Int64, mqk_ptr: Int64, bsig_ptr: Int64, mStart: cute.Tensor, mPrefix: cute.Tensor,
-               init_ptr: Int64, final_ptr: Int64, mSlot: cute.Tensor, n_heads: Int32, cap: Int32,
-               idx_ptr: Int64, slot_stride: Int64, n_pool: Int32, ck_ptr: Int64, ck_every: Int32,
-               mSeqStart: cute.Tensor, n_real: Int32, order_ptr: Int64, ck_tab: Int64, ck_k: Int32,
-               ck_stride: Int64, v_st: Int64, v_sh: Int64):
+               init_ptr: Optional[Int64], final_ptr: Optional[Int64], mSlot: Optional[cute.Tensor], n_heads: Int32,
+               cap: Int32, idx_ptr: Optional[Int64], slot_stride: Optional[Int64], n_pool: Optional[Int32],
+               ck_ptr: Optional[Int64], ck_every: Optional[Int32], mSeqStart: Optional[cute.Tensor],
+               n_real: Optional[Int32], order_ptr: Optional[Int64], ck_tab: Optional[Int64], ck_k: Optional[Int32],
+               ck_stride: Optional[Int64], v_st: Int64, v_sh: Int64):
         """K2's kernel parameters (recurrence_common.K2Params) and modes (k2_recurrence.K2Recurrence):
         the CTA's ring, then the roles: the producer (load) and the MMA warpgroups (mma)."""
         cfg = self.config
@@ -205,7 +207,8 @@ class K2RegstateSerial(K2Regstate):
                  ws_bsig: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer, seq_order: cute.Pointer,
                  initial_state: cute.Pointer, final_state: cute.Pointer, t_total: Int32, n_seq: Int32,
                  n_heads: Int32, cap: Int32, v_stride_t: Int64, v_stride_h: Int64, stream: cuda.CUstream):
-        self._launch(k2_params(v, out, (ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk, ws_bsig), seq_start, tile_prefix,
+        self._launch(k2_params(self.config, v, out, (ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk, ws_bsig),
+                               seq_start, tile_prefix,
                                n_seq, n_heads, cap, v_stride_t, v_stride_h, initial_state, final_state,
                                seq_order=seq_order),
                      n_seq, n_heads, stream)
@@ -225,8 +228,8 @@ class K2RegstateSegments(K2Regstate):
                  carries: cute.Pointer, final_state: cute.Pointer, final_slot: cute.Pointer, t_total: Int32,
                  n_seg: Int32, n_heads: Int32, cap: Int32, v_stride_t: Int64, v_stride_h: Int64,
                  stream: cuda.CUstream):
-        self._launch(k2_params(v, out, (ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk, ws_bsig), seg_start, seg_prefix,
-                               n_seg, n_heads, cap, v_stride_t, v_stride_h, carries, final_state,
+        self._launch(k2_params(self.config, v, out, (ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk, ws_bsig),
+                               seg_start, seg_prefix, n_seg, n_heads, cap, v_stride_t, v_stride_h, carries, final_state,
                                final_slot=final_slot),
                      n_seg, n_heads, stream)
 
@@ -248,7 +251,8 @@ class K2RegstateExt(K2Regstate):
                  checkpoint_table: cute.Pointer, checkpoint_k: Int32, checkpoint_stride: Int64, t_total: Int32,
                  n_seq: Int32, n_heads: Int32, cap: Int32, v_stride_t: Int64, v_stride_h: Int64,
                  stream: cuda.CUstream):
-        self._launch(k2_params(v, out, (ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk, ws_bsig), seq_start, tile_prefix,
+        self._launch(k2_params(self.config, v, out, (ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk, ws_bsig),
+                               seq_start, tile_prefix,
                                n_seq, n_heads, cap, v_stride_t, v_stride_h, initial_state, final_state,
                                final_slot=final_slot, seq_order=seq_order, state_index=state_index,
                                slot_stride=slot_stride, n_pool=n_pool, checkpoints=checkpoints,

@@ -7,7 +7,7 @@ bit-identical to K2 (docs/algorithm.md §4.6 item 2), which holds because both t
 pre_scan keeps its own stage layout (offsets, fixed transaction bytes), and each kernel its body.
 """
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import cutlass
 import cutlass.cute as cute
@@ -101,11 +101,13 @@ def lds_bsig(sb, off: int, row, accurate: bool):
 
 class K2Params(NamedTuple):
     """The parameters of both K2 kernels (k2_recurrence.py, k2_regstate.py) in the order of their
-    PTX .param lists: device pointers as Int64, the sequence (or segment) tables as tensors. Every
-    mode passes all of them: a null pointer or a zero stands for what a mode has not, and the
-    kernel reads it at run time (order_ptr, ck_ptr) or never (ext off). Making the absent ones
-    compile-time None would drop them from the .param list and change the PTX, so the kernels keep
-    this list; k2_params is the one place that fills it in."""
+    PTX .param lists: device pointers as Int64, the sequence (or segment) tables as tensors. What a
+    mode or variant has not is None, a compile-time constant the DSL leaves out of the .param list:
+    the state pool, index and checkpoint arguments outside the ext variants, final_slot outside a
+    segmented K2, seq_order in a segmented K2 (segments run in order), the entry / exit state where
+    the variant has none (K2Config.has_initial / has_final). A pointer a mode does pass may still be
+    null at run time (seq_order, state_index, checkpoints); the kernel tests those. k2_params is the
+    one place that fills this in."""
 
     v_ptr: Any
     out_ptr: Any
@@ -120,7 +122,7 @@ class K2Params(NamedTuple):
     mPrefix: Any  # [n + 1] their first global tiles
     init_ptr: Any  # entry states (or the CP carries)
     final_ptr: Any
-    mSlot: Any  # [n] final_slot of the segments (a segmented K2), else mStart unread
+    mSlot: Any  # [n] final_slot of the segments (a segmented K2)
     n_heads: Any
     cap: Any
     idx_ptr: Any  # state_index (ext; null: slot n)
@@ -128,7 +130,7 @@ class K2Params(NamedTuple):
     n_pool: Any
     ck_ptr: Any  # checkpoint destination (ext; null: none)
     ck_every: Any
-    mSeqStart: Any  # [n_real + 1] the real sequences' starts (a segmented ext K2), else mStart
+    mSeqStart: Any  # [n_real + 1] the real sequences' starts (an ext K2)
     n_real: Any
     order_ptr: Any  # seq_order (null: the sequence order)
     ck_tab: Any
@@ -139,29 +141,26 @@ class K2Params(NamedTuple):
 
 
 def _address(ptr):
-    return Int64(0) if ptr is None else ptr.toint()
+    """A pointer argument as the kernel's Int64 parameter; None (the mode has none) stays None."""
+    return None if ptr is None else ptr.toint()
 
 
-def k2_params(v, out, workspace: tuple, seq_start, tile_prefix, n_seq, n_heads, cap, v_stride_t, v_stride_h,
+def k2_params(cfg, v, out, workspace: tuple, seq_start, tile_prefix, n_seq, n_heads, cap, v_stride_t, v_stride_h,
               initial_state, final_state, final_slot=None, seq_order=None, state_index=None, slot_stride=None,
               n_pool=None, checkpoints=None, checkpoint_every=None, real_seq_start=None, n_real=None,
               checkpoint_table=None, checkpoint_k=None, checkpoint_stride=None) -> K2Params:
     """A K2 host entry's arguments as the kernel's parameters (host side, traced inline): workspace
-    is (ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk, ws_bsig); what a mode does not pass (None) is
-    a null pointer or a zero, and its sequence tables stand for the absent ones."""
+    is (ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk, ws_bsig); what a mode does not pass (None), and
+    the state pointers the variant's constants leave unread (cfg.has_initial / has_final), are None."""
     table = cute.make_layout(n_seq + 1)
-    m_start = cute.make_tensor(seq_start, table)
-    m_slot = m_start if final_slot is None else cute.make_tensor(final_slot, cute.make_layout(n_seq))
-    m_seq_start = m_start if real_seq_start is None else cute.make_tensor(real_seq_start,
-                                                                             cute.make_layout(n_real + 1))
-    return K2Params(v.toint(), out.toint(), *(w.toint() for w in workspace), m_start,
-                    cute.make_tensor(tile_prefix, table), initial_state.toint(), final_state.toint(), m_slot,
-                    n_heads, cap, _address(state_index), Int64(0) if slot_stride is None else slot_stride,
-                    Int32(0) if n_pool is None else n_pool, _address(checkpoints),
-                    Int32(0) if checkpoint_every is None else checkpoint_every, m_seq_start,
-                    n_seq if n_real is None else n_real, _address(seq_order), _address(checkpoint_table),
-                    Int32(0) if checkpoint_k is None else checkpoint_k,
-                    Int64(0) if checkpoint_stride is None else checkpoint_stride, v_stride_t, v_stride_h)
+    m_slot = None if final_slot is None else cute.make_tensor(final_slot, cute.make_layout(n_seq))
+    m_seq_start = None if real_seq_start is None else cute.make_tensor(real_seq_start, cute.make_layout(n_real + 1))
+    return K2Params(v.toint(), out.toint(), *(w.toint() for w in workspace), cute.make_tensor(seq_start, table),
+                    cute.make_tensor(tile_prefix, table), _address(initial_state if cfg.has_initial else None),
+                    _address(final_state if cfg.has_final else None), m_slot, n_heads, cap, _address(state_index),
+                    slot_stride, n_pool, _address(checkpoints), checkpoint_every, m_seq_start, n_real,
+                    _address(seq_order), _address(checkpoint_table), checkpoint_k, checkpoint_stride, v_stride_t,
+                    v_stride_h)
 
 
 class SequenceTiles(NamedTuple):
@@ -181,7 +180,7 @@ class SequenceTiles(NamedTuple):
 
 
 @cute.jit
-def k2_cta_sequence(n_heads: Int32, order_ptr: Int64):
+def k2_cta_sequence(n_heads: Int32, order_ptr: Optional[Int64]):
     """(n, h, vblk) of a K2 CTA: one CTA per (sequence, head) pair on grid x, sequence-major, the
     value block on z. The GPU starts CTAs about in block order, so all heads of a sequence start
     together and, through seq_order (the tables kernel's longest-first order; null: identity, for
@@ -191,8 +190,9 @@ def k2_cta_sequence(n_heads: Int32, order_ptr: Int64):
     h = pair % n_heads
     n = pair // n_heads
     await_previous_grid()
-    if order_ptr != Int64(0):
-        n = ldg_b32(order_ptr + Int64(n) * 4)
+    if cutlass.const_expr(order_ptr is not None):
+        if order_ptr != Int64(0):
+            n = ldg_b32(order_ptr + Int64(n) * 4)
     return n, h, vblk
 
 

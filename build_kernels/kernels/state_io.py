@@ -20,6 +20,8 @@ kernel (checkpoint_table.py) cleans the caller's offsets and slots into (off or 
 the device, so K2 only compares the end of each full tile with at most two offsets.
 """
 
+from typing import Optional
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
@@ -46,8 +48,9 @@ def pool_slot(seq: Int32, idx_ptr: Int64, n_pool: Int32, state_ptr: Int64):
 
 
 @cute.jit
-def k2_state_slots(n: Int32, ntiles: Int32, mSlot: cute.Tensor, idx_ptr: Int64, n_pool: Int32, init_ptr: Int64,
-                   final_ptr: Int64, has_final: cutlass.Constexpr[bool], final_slots: cutlass.Constexpr[bool],
+def k2_state_slots(n: Int32, ntiles: Int32, mSlot: Optional[cute.Tensor], idx_ptr: Optional[Int64],
+                   n_pool: Optional[Int32], init_ptr: Optional[Int64], final_ptr: Optional[Int64],
+                   has_final: cutlass.Constexpr[bool], final_slots: cutlass.Constexpr[bool],
                    ext: cutlass.Constexpr[bool]):
     """(busy, slot, in_slot) of a K2 CTA on sequence (or CP segment) n of ntiles tiles: the final
     state's slot (< 0: none), the entry state's slot, and busy > 0 when the CTA has anything to do.

@@ -1,5 +1,7 @@
 """Constants and tile helpers shared by every kernel (spec notation: C = CHUNK, K = V = D)."""
 
+import enum
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
@@ -47,6 +49,14 @@ def raw_tile_layout():
 # ---------------------------------------------------------------------------------------------
 
 LOG2E = ABI_CONSTANTS.LOG2E  # f32(LOG2E) is what spec P2 multiplies A_log by
+
+
+def sync_named(barrier: enum.IntEnum, threads: int) -> None:
+    """bar.sync on one of a kernel's named barriers (its module's IntEnum, ids 1-15) for `threads`
+    threads. Id 0 stays the anonymous CTA sync (cute.arch.barrier()) of the shared helpers (ring
+    set-up, block scans), so a kernel's named points never share a hardware barrier with them."""
+    assert 1 <= int(barrier) <= 15, barrier
+    cute.arch.barrier(barrier_id=int(barrier), number_of_threads=threads)
 
 
 def m_seg_column(row, col):

@@ -216,3 +216,62 @@ def test_registry_arguments_are_the_host_entries_parameters():
         params = [p for p in inspect.signature(getattr(entry, "__wrapped__", entry)).parameters if p != "self"]
         constants = {name for name, _ in variant.constants}
         assert [p for p in params if p not in constants] == [a.name for a in variant.args], variant.name
+
+
+def _entry_param_count(ptx: str) -> int:
+    """The .param declarations of the PTX's (one) kernel entry."""
+    (params,) = re.findall(r"^\.visible \.entry \w+\((.*?)\)", ptx, flags=re.M | re.S)
+    return len(re.findall(r"\.param ", params))
+
+
+# K2Params fields that only the ext (state pool / checkpoint) K2 passes, and the one segments lack.
+_K2_EXT_ONLY = {"idx_ptr", "slot_stride", "n_pool", "ck_ptr", "ck_every", "mSeqStart", "n_real", "ck_tab", "ck_k",
+                "ck_stride"}
+
+
+def _k2_fields_passed(variant) -> set:
+    from build_kernels.kernels.recurrence_common import K2Params
+
+    c = dict(variant.constants)
+    absent = set()
+    if "ext" not in variant.entry:
+        absent |= _K2_EXT_ONLY
+        if "segments" in variant.entry:
+            absent.add("order_ptr")  # segments run in order
+        else:
+            absent.add("mSlot")
+            absent |= {"init_ptr"} if not c.get("has_initial", True) else set()
+            absent |= {"final_ptr"} if not c.get("has_final", True) else set()
+    return set(K2Params._fields) - absent
+
+
+K2_PARAM_CASES = [v for v in all_variants() if v.entry.startswith("k2_") and v.name in {
+    "k2_regstate_nostate_vb128", "k2_regstate_in_bf16_vb64", "k2_regstate_out_f32_vb128", "k2_inout_f32_vb64",
+    "k2_regstate_segments_f32_vb128", "k2_segments_bf16_vb32", "k2_regstate_ext_f32_vb128",
+    "k2_ext_segments_bf16_vb64"}]
+
+
+@pytest.mark.parametrize("variant", K2_PARAM_CASES, ids=lambda v: v.name)
+def test_k2_kernel_parameters_are_what_its_mode_passes(ptx_of, variant):
+    """What a K2 mode or variant has not (the pool and checkpoint arguments outside k2_ext,
+    final_slot outside a segmented K2, seq_order in one, an unread entry / exit state) is a
+    compile-time None (recurrence_common.k2_params), left out of the kernel's .param list: one
+    .param per K2Params field passed, tensors included."""
+    assert len(K2_PARAM_CASES) == 8
+    assert _entry_param_count(ptx_of(variant)) == len(_k2_fields_passed(variant)), variant.name
+
+
+@pytest.mark.parametrize("name,barriers", [("k1_prepare", "K1Barrier"), ("k1x_softplus_logits2_bf16", "K1Barrier"),
+                                           ("cp_merge_bf16", "MergeBarrier")])
+def test_named_barriers_are_the_kernels_cta_syncs(ptx_of, name, barriers):
+    """K1's and the merge's CTA barriers are their module's named barriers (tile_ops.sync_named):
+    each id of the enum that the kernel reaches is one bar.sync of all its threads, and none is the
+    anonymous barrier 0. The general K1 reaches all four (B3 only there)."""
+    variant = next(v for v in all_variants() if v.name == name)
+    module = importlib.import_module(f"build_kernels.kernels.{variant.module}")
+    enum = getattr(module, barriers)
+    syncs = re.findall(r"\bbar(?:rier)?\.sync(?:\.aligned)?\s+(\d+)(?:,\s*(\d+))?;", ptx_of(variant))
+    ids = sorted(int(i) for i, _ in syncs)
+    expected = sorted(int(b) for b in enum if name != "k1_prepare" or b is not enum.WIDE_PRODUCTS)
+    assert ids == expected, (name, syncs)
+    assert {int(n) for _, n in syncs} == {module.THREADS}, syncs
