@@ -69,13 +69,6 @@ from .tile_ops import D, await_previous_grid, m_seg_column, sync_named
 ROWS = 16  # carry rows (value rows) per CTA: one m16 tile
 WARPS = 8  # MMA warps per CTA, each owning WARP_COLS output columns
 THREADS = 32 * WARPS
-
-
-class MergeBarrier(enum.IntEnum):
-    """The merge's CTA barriers (tile_ops.sync_named, all THREADS threads; module docstring: pipeline)."""
-
-    FULL_ARMED = 1  # the two full mbarriers initialised and fenced
-    STEP = 2  # step i: everyone's B chunks landed, step i - 1's carry published, buffers i + 1 free
 WARP_COLS = D // WARPS
 KSTEPS = D // 8  # m16n8k8 k-steps per step
 
@@ -86,6 +79,13 @@ MAT = D * D  # elements per (segment, head) matrix
 M_BYTES = MAT * 4  # one M, unpadded (its columns are swizzled instead, see m_seg_column)
 B_BYTES = ROWS * B_STRIDE * 4
 CARRY_BYTES = ROWS * C_STRIDE * 4
+
+
+class MergeBarrier(enum.IntEnum):
+    """The merge's CTA barriers (tile_ops.sync_named, all THREADS threads; module docstring: pipeline)."""
+
+    FULL_ARMED = 1  # the two full mbarriers initialised and fenced
+    STEP = 2  # step i: everyone's B chunks landed, step i - 1's carry published, buffers i + 1 free
 
 
 # ------------------------------------------------------------------------------------------------

@@ -18,7 +18,8 @@ Stages and thread roles (warps w0..w7):
                rows, e = bf(2^G), ebar = bf(2^-G) to smem, gamma to the workspace, bf(gamma) to smem.
      w4-w7:    L2 norm (P1) of q (w4, w5) and k (w6, w7), 4 lanes per row, 4 chunks of 8 per lane;
                q^, k^ stay in registers.
-     -- barrier B1, K1Barrier.GATED (one bar.sync, all 256 threads, outside the role branches: docs/sanitizers.md) --
+     -- barrier B1, K1Barrier.GATED (one bar.sync, all 256 threads, outside the role branches:
+        docs/sanitizers.md) --
   3. w4-w7:    decayed tiles (P5) written as raw 8x8-core-matrix images (docs/algorithm.md §4.8): Qd over the q
                staging buffer, Kd over k, Kr over g, Ki (K1-internal) in its own buffer.
      -- fence.proxy.async.shared (w4-w7), barrier B2, K1Barrier.IMAGES (one bar.sync, all threads) --
@@ -71,6 +72,13 @@ from .tile_prep import (BETA_LOGITS, F32_FACTOR_ROW, GATE_LOGDECAY, GATE_SAFE, P
                         select as _select, wide_tile_products)
 
 THREADS = 256
+# Five CTAs per SM, set by registers: 48 per thread at most (ptxas would otherwise take 57 for the
+# accurate twin and drop to four). Six (40 registers) spill and measured only 1-2% faster
+# (docs/speed_limits.md).
+CTAS_PER_SM = 5
+ROW_BYTES = D * 2  # one token row of one head, bf16
+G_ROW_BYTES = {False: D * 2, True: D * 4}  # one row of g: bf16, or an fp32 log-decay
+TILE_BYTES = CHUNK * D * 2  # one raw image
 
 
 class K1Barrier(enum.IntEnum):
@@ -83,13 +91,6 @@ class K1Barrier(enum.IntEnum):
     GATED = 2  # B1: e, ebar, bf(gamma) published; the staging reads done
     IMAGES = 3  # B2: the decayed images written and fenced for the bulk stores
     WIDE_PRODUCTS = 4  # B3 (general K1, wide tiles): the wide-tile products published
-# Five CTAs per SM, set by registers: 48 per thread at most (ptxas would otherwise take 57 for the
-# accurate twin and drop to four). Six (40 registers) spill and measured only 1-2% faster
-# (docs/speed_limits.md).
-CTAS_PER_SM = 5
-ROW_BYTES = D * 2  # one token row of one head, bf16
-G_ROW_BYTES = {False: D * 2, True: D * 4}  # one row of g: bf16, or an fp32 log-decay
-TILE_BYTES = CHUNK * D * 2  # one raw image
 
 
 def _staging_g_layout(g_fp32: bool):

@@ -617,9 +617,8 @@ class K2Serial(K2Recurrence):
         states [n_seq, H, 128, 128] (V x K). t_total is not needed by the
         kernel (every access is bounded by seq_start)."""
         self._launch(k2_params(self.config, v, out, (ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk, ws_bsig),
-                               seq_start, tile_prefix,
-                               n_seq, n_heads, cap, v_stride_t, v_stride_h, initial_state, final_state,
-                               seq_order=seq_order),
+                               seq_start, tile_prefix, n_seq, n_heads, cap, v_stride_t, v_stride_h, initial_state,
+                               final_state, seq_order=seq_order),
                      n_seq, n_heads, stream)
 
 
@@ -676,9 +675,8 @@ class K2Ext(K2Recurrence):
         its sequence starts and which it is. v is read at token / head strides v_stride_t / v_stride_h.
         seq_order [n_seq] (null: sequence order) is the dispatch order of the serial call's sequences."""
         self._launch(k2_params(self.config, v, out, (ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk, ws_bsig),
-                               seq_start, tile_prefix,
-                               n_seq, n_heads, cap, v_stride_t, v_stride_h, initial_state, final_state,
-                               final_slot=final_slot, seq_order=seq_order, state_index=state_index,
+                               seq_start, tile_prefix, n_seq, n_heads, cap, v_stride_t, v_stride_h, initial_state,
+                               final_state, final_slot=final_slot, seq_order=seq_order, state_index=state_index,
                                slot_stride=slot_stride, n_pool=n_pool, checkpoints=checkpoints,
                                checkpoint_every=checkpoint_every, real_seq_start=real_seq_start, n_real=n_real,
                                checkpoint_table=checkpoint_table, checkpoint_k=checkpoint_k,

@@ -208,9 +208,8 @@ class K2RegstateSerial(K2Regstate):
                  initial_state: cute.Pointer, final_state: cute.Pointer, t_total: Int32, n_seq: Int32,
                  n_heads: Int32, cap: Int32, v_stride_t: Int64, v_stride_h: Int64, stream: cuda.CUstream):
         self._launch(k2_params(self.config, v, out, (ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk, ws_bsig),
-                               seq_start, tile_prefix,
-                               n_seq, n_heads, cap, v_stride_t, v_stride_h, initial_state, final_state,
-                               seq_order=seq_order),
+                               seq_start, tile_prefix, n_seq, n_heads, cap, v_stride_t, v_stride_h, initial_state,
+                               final_state, seq_order=seq_order),
                      n_seq, n_heads, stream)
 
 
@@ -252,9 +251,8 @@ class K2RegstateExt(K2Regstate):
                  n_seq: Int32, n_heads: Int32, cap: Int32, v_stride_t: Int64, v_stride_h: Int64,
                  stream: cuda.CUstream):
         self._launch(k2_params(self.config, v, out, (ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk, ws_bsig),
-                               seq_start, tile_prefix,
-                               n_seq, n_heads, cap, v_stride_t, v_stride_h, initial_state, final_state,
-                               final_slot=final_slot, seq_order=seq_order, state_index=state_index,
+                               seq_start, tile_prefix, n_seq, n_heads, cap, v_stride_t, v_stride_h, initial_state,
+                               final_state, final_slot=final_slot, seq_order=seq_order, state_index=state_index,
                                slot_stride=slot_stride, n_pool=n_pool, checkpoints=checkpoints,
                                checkpoint_every=checkpoint_every, real_seq_start=real_seq_start, n_real=n_real,
                                checkpoint_table=checkpoint_table, checkpoint_k=checkpoint_k,
