@@ -224,7 +224,7 @@ def _entry_param_count(ptx: str) -> int:
     return len(re.findall(r"\.param ", params))
 
 
-# K2Params fields that only the ext (state pool / checkpoint) K2 passes, and the one segments lack.
+# K2Params fields that only the ext (state pool / checkpoint) K2 passes.
 _K2_EXT_ONLY = {"idx_ptr", "slot_stride", "n_pool", "ck_ptr", "ck_every", "mSeqStart", "n_real", "ck_tab", "ck_k",
                 "ck_stride"}
 
@@ -240,8 +240,10 @@ def _k2_fields_passed(variant) -> set:
             absent.add("order_ptr")  # segments run in order
         else:
             absent.add("mSlot")
-            absent |= {"init_ptr"} if not c.get("has_initial", True) else set()
-            absent |= {"final_ptr"} if not c.get("has_final", True) else set()
+            if not c.get("has_initial", True):
+                absent.add("init_ptr")
+            if not c.get("has_final", True):
+                absent.add("final_ptr")
     return set(K2Params._fields) - absent
 
 
