@@ -20,7 +20,7 @@ from .ptx_ops import (add_rn, fma_rn, ldg_b32, ldg_b32_if, ldg_f32_pair_bf16_if,
 from .recurrence_common import (HEAD_ROW_BYTES, K2_OFF_BSIG, K2_OFF_GT, K2_OFF_INV, K2_OFF_KD, K2_OFF_KR,
                                 K2_OFF_MQK, K2_OFF_QD, K2_OFF_V, K2Params, SequenceTiles, k2_stage_bytes, lds_bsig,
                                 v_stride, wait_stage_full)
-from .state_io import checkpoint_target, checkpoint_targets, sequence_start_of
+from .state_io import checkpoint_run_target, checkpoint_runs, checkpoint_targets, sequence_start_of
 from .tile_ops import D
 
 # The stage is K2's (recurrence_common, K2_OFF_*), K1's images as they are. Kd and Qd are K-major
@@ -176,6 +176,39 @@ def _q4_store(out_ptr, a_u, f_mqk, acc_o, start, m, g, q, wl, col_wg, h64, H64, 
             stg_b32_if(out_ptr + row * HEAD_ROW_BYTES + Int64(col) * 2, word, ok)
 
 
+def _tile_step(p: K2Params, i, a_s, full, empty, buf_addr, SB: int, VSTR: int, seq: SequenceTiles, off_sq, q, wg,
+               r0, g, wl, col_wg, h64, H64, zero):
+    """Tile i of the default recipe's register-state step (emitted inline): Q1-Q5 on the state's A
+    fragments a_s, the output tile, and the stage released; returns the new a_s. A plain function:
+    its loops unroll as Python's."""
+    s, sb, start, m = _next_tile(i, full, buf_addr, SB, seq)
+
+    # -------- Q1: u^T's chain, then o1^T's, each its own commit group
+    a_s, acc_u, acc_o = _q1_chains(a_s, sb, zero)
+
+    # stage-only operands, read while Q1 runs (_stage_operands: which element is which)
+    f_inv, f_mqk, bs, vv, gam = _stage_operands(sb, off_sq, q, wg, r0, m, VSTR)
+
+    acc_u = wgmma_wait(1, [], acc_u)[1]  # u^T's group done (o1's may still run)
+    # -------- Q2, Q3: U^T = bf(acc32(r^T INV^T))
+    a_u = _q2_q3(acc_u, vv, bs, f_inv, zero)
+    # -------- Q5: S = bf(fma(S, gamma, acc32(U^T Kr))), one m64n128k16
+    a_u, a_s, d5, acc_o = _q5_chain(a_u, a_s, acc_o, sb, zero)
+    # accumulator element 8 kb + 2 e + x sits where half x of a_s[4 kb + e] does
+    for kb in range(D // 16):
+        for e in range(4):
+            s0, s1 = unpack_bf16x2(a_s[4 * kb + e])
+            gi = 4 * kb + 2 * (e >> 1)
+            a_s[4 * kb + e] = pack_bf16x2(fma_rn(s0, gam[gi], d5[8 * kb + 2 * e]),
+                                          fma_rn(s1, gam[gi + 1], d5[8 * kb + 2 * e + 1]))
+    # -------- Q4, off the chain: out = bf(bf(o1) + bf(acc32(Mqk U)))
+    _q4_store(p.out_ptr, a_u, f_mqk, acc_o, start, m, g, q, wl, col_wg, h64, H64, zero, False)
+
+    # every thread releases its own stage reads; the wgmmas' are complete (wait 0 above)
+    cute.arch.mbarrier_arrive(empty + s)
+    return a_s
+
+
 @cute.jit
 def mma_warpgroups(cfg, p: K2Params, seq: SequenceTiles, warp: Int32, lane: Int32, vblk: Int32, n: Int32, h64: Int64,
                    H64: Int64, full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, slot: Int32, in_slot: Int32):
@@ -206,38 +239,28 @@ def mma_warpgroups(cfg, p: K2Params, seq: SequenceTiles, warp: Int32, lane: Int3
     else:
         a_s = [Int32(0)] * 32
 
-    for i in cutlass.range(seq.ntiles, unroll=1):
-        s, sb, start, m = _next_tile(i, full, buf_addr, SB, seq)
-
-        # -------- Q1: u^T's chain, then o1^T's, each its own commit group
-        a_s, acc_u, acc_o = _q1_chains(a_s, sb, zero)
-
-        # stage-only operands, read while Q1 runs (_stage_operands: which element is which)
-        f_inv, f_mqk, bs, vv, gam = _stage_operands(sb, off_sq, q, wg, r0, m, VSTR)
-
-        acc_u = wgmma_wait(1, [], acc_u)[1]  # u^T's group done (o1's may still run)
-        # -------- Q2, Q3: U^T = bf(acc32(r^T INV^T))
-        a_u = _q2_q3(acc_u, vv, bs, f_inv, zero)
-        # -------- Q5: S = bf(fma(S, gamma, acc32(U^T Kr))), one m64n128k16
-        a_u, a_s, d5, acc_o = _q5_chain(a_u, a_s, acc_o, sb, zero)
-        # accumulator element 8 kb + 2 e + x sits where half x of a_s[4 kb + e] does
-        for kb in cutlass.range_constexpr(D // 16):
-            for e in cutlass.range_constexpr(4):
-                s0, s1 = unpack_bf16x2(a_s[4 * kb + e])
-                gi = 4 * kb + 2 * (e >> 1)
-                a_s[4 * kb + e] = pack_bf16x2(fma_rn(s0, gam[gi], d5[8 * kb + 2 * e]),
-                                              fma_rn(s1, gam[gi + 1], d5[8 * kb + 2 * e + 1]))
-        # -------- Q4, off the chain: out = bf(bf(o1) + bf(acc32(Mqk U)))
-        _q4_store(p.out_ptr, a_u, f_mqk, acc_o, start, m, g, q, wl, col_wg, h64, H64, zero, False)
-
-        # every thread releases its own stage reads; the wgmmas' are complete (wait 0 above)
-        cute.arch.mbarrier_arrive(empty + s)
-        if cutlass.const_expr(cfg.ext):
-            # checkpoint (docs/state_pool.md): the state after a full tile that ends every C tokens
-            # of its sequence, or at one of its given offsets
-            ck_dst = checkpoint_target(p.ck_ptr, p.ck_every, ck_base, start, m, ck_targets, p.ck_stride, H64, h64)
-            if ck_dst >= Int64(0):
+    if cutlass.const_expr(cfg.ext):
+        # checkpoints (docs/state_pool.md) between runs of tiles, so that the tile loop itself is
+        # the plain one: run r < n_ck ends with the tile after which checkpoint r is stored
+        n_ck, ck_first, ck_step, ck_k_first = checkpoint_runs(p.ck_ptr, p.ck_every, ck_base, seq.tok0, seq.tok_end,
+                                                              ck_targets)
+        lo = Int32(0)
+        for r in cutlass.range(n_ck + 1, unroll=1):
+            hi = seq.ntiles
+            if r < n_ck:
+                hi = ck_first + r * ck_step
+            for i in cutlass.range(lo, hi, unroll=1):
+                a_s = _tile_step(p, i, a_s, full, empty, buf_addr, SB, VSTR, seq, off_sq, q, wg, r0, g, wl, col_wg,
+                                 h64, H64, zero)
+            lo = hi
+            if r < n_ck:
+                ck_dst = checkpoint_run_target(p.ck_every, r, ck_k_first, hi, seq.tok0, ck_targets, p.ck_stride, H64,
+                                               h64)
                 _store_state(p.ck_ptr, ck_dst, a_s, col_wg, r0, q, cfg.final_fp32)
+    else:
+        for i in cutlass.range(seq.ntiles, unroll=1):
+            a_s = _tile_step(p, i, a_s, full, empty, buf_addr, SB, VSTR, seq, off_sq, q, wg, r0, g, wl, col_wg, h64,
+                             H64, zero)
 
     # -------- Q6 exit: bf16 as is, or fp32 exactly widened
     if cutlass.const_expr(cfg.has_final):

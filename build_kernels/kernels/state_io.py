@@ -124,6 +124,88 @@ def checkpoint_target(ck_ptr: Int64, ck_every: Int32, ck_base: Int32, start: Int
 
 
 @cute.jit
+def _ends_a_full_tile(off: Int32, d: Int32, full: Int32) -> Int32:
+    """1 when a given offset (cleaned: -1 for none) is the end of one of the CTA's full tiles, d
+    tokens past its first token (`full` full tiles), else 0."""
+    hit = Int32(0)
+    if off >= 0:
+        if d > 0:
+            if d % 16 == 0:
+                if d // 16 <= full:
+                    hit = Int32(1)
+    return hit
+
+
+@cute.jit
+def checkpoint_runs(ck_ptr: Int64, ck_every: Int32, ck_base: Int32, tok0: Int32, tok_end: Int32, targets: tuple):
+    """The checkpoints of a CTA's tiles [tok0, tok_end) as runs, for a tile loop that stores a state
+    only between runs (regstate_step.mma_warpgroups): (n_ck, first, step, k_first), checkpoint r <
+    n_ck after the tile that ends run r, i.e. after tiles [0, first + r * step), and, at given
+    offsets, k_first the index of the target the first one is (the other one the second). The same
+    checkpoints as checkpoint_target tests tile by tile: only a full tile ends at one; every C tokens
+    (ck_every = C > 0, a multiple of 16) the tile ends a multiple of C past ck_base; at given offsets
+    (`targets` from checkpoint_targets) it ends off_k tokens past ck_base, and where both offsets are
+    the same tile only the second target is written."""
+    n_ck = Int32(0)
+    first = Int32(0)
+    step = Int32(0)
+    k_first = Int32(0)
+    rel0 = tok0 - ck_base  # tokens of the sequence before the CTA's first tile (a CP segment's offset)
+    full = (tok_end - tok0) // 16  # full tiles; only the last can be partial
+    if ck_ptr != Int64(0):
+        if rel0 % 16 == 0:
+            if ck_every > 0:
+                # the first tile end strictly past tok0 that lies a multiple of C past ck_base
+                u = (ck_every - rel0 % ck_every) % ck_every
+                if u == 0:
+                    u = ck_every
+                first = u // 16
+                step = ck_every // 16
+                if first <= full:
+                    n_ck = (full - first) // step + 1
+            else:
+                off0, _, off1, _ = targets
+                d0 = off0 - rel0  # tokens of the CTA's tiles through target 0 (offset -1: none)
+                d1 = off1 - rel0
+                c0 = d0 // 16
+                c1 = d1 // 16
+                v0 = _ends_a_full_tile(off0, d0, full)
+                v1 = _ends_a_full_tile(off1, d1, full)
+                n_ck = v0 + v1
+                if n_ck == 2:
+                    if c0 == c1:  # one tile: only target 1 is written, as checkpoint_target does
+                        n_ck = Int32(1)
+                        v0 = Int32(0)
+                first = c0
+                if v0 == 0:
+                    first = c1
+                    k_first = Int32(1)
+                if n_ck == 2:
+                    first = cutlass.min(c0, c1)
+                    step = cutlass.max(c0, c1) - first
+                    if c1 < c0:
+                        k_first = Int32(1)
+    return n_ck, first, step, k_first
+
+
+@cute.jit
+def checkpoint_run_target(ck_every: Int32, r: Int32, k_first: Int32, tiles: Int32, tok0: Int32, targets: tuple,
+                          ck_stride: Int64, H64: Int64, h64: Int64):
+    """Element offset in the checkpoint destination of checkpoint r of checkpoint_runs, the state
+    after the CTA's first `tiles` tiles: the slots of checkpoint_target."""
+    dst = Int64(0)
+    if ck_every > 0:
+        dst = (Int64((tok0 + 16 * tiles) // ck_every - 1) * H64 + h64) * Int64(D * D)
+    else:
+        _, dst0, _, dst1 = targets
+        slot = dst0
+        if (r ^ k_first) != 0:  # r-th checkpoint in tile order is target 1
+            slot = dst1
+        dst = Int64(slot) * ck_stride + h64 * Int64(D * D)
+    return dst
+
+
+@cute.jit
 def sequence_start_of(tok0: Int32, ck_ptr: Int64, mSeqStart: cute.Tensor, n_real: Int32):
     """(start, index) of the sequence holding token tok0: seq_start[n] for the largest n < n_real
     with seq_start[n] <= tok0 (a CP segment's own sequence; later empty sequences start after it).
