@@ -2,6 +2,7 @@
 
     python3 ci/numerics_table.py [--out DIR] [--lengths 2048 8192 32768] [--class-lengths 8192] [--no-fla] [--no-cudnn]
                                  [--iters 30] [--skip-timing] [--skip-ablation] [--skip-classes]
+                                 [--skip-correlated] [--skip-lengths] [--correlated-length 1024]
 
 Writes DIR/numerics_table.md (and .json) as it goes, so a run cut short keeps what it measured:
 1. time per call of both modes (kernels mode of kda_aot.bench: given outputs, host lengths,
@@ -14,6 +15,11 @@ Writes DIR/numerics_table.md (and .json) as it goes, so a run cut short keeps wh
    memory, long memory g ~ N(-8, 1), weak decay lower_bound=-0.05), serial and cp="on", both
    modes; then FLA 0.6.0 chunk_kda (fp32 state, FlashKDA's flags) on the same inputs, when
    importable (Triton autotunes on its first call: it runs last);
+2b. the correlated-key classes (input_classes "correlated" and "correlated_weak": nearly parallel
+   keys with a large beta, the hard case of the intra-chunk solve) over CORRELATED_CASES and the
+   gate forms safe, softplus and log_decay, T=1024, H=2, fp32 initial state, both modes, serial and
+   cp="on", FLA and cuDNN's engine beside them, and the repeated-key reproducer (16,384 tokens,
+   no initial state): whether every value is finite, and the error;
 3. what each step of the accurate recipe costs and buys: the ablation kernels (registry's
    k2_ablation: levels 1-3 of recurrence_common.py) timed on H=64 [8192] and measured on the
    long-memory and weak-decay inputs at T=8192 (bf16 initial state, value split 2: the variant
@@ -39,13 +45,18 @@ MODES = ("flashkda", "accurate")
 # layer's gates, the outlier and log-decay classes in the form they exist for.
 CLASS_FORMS = [(c, f) for c in ("random", "model", "long") for f in ("safe", "softplus", "log_decay")] + [
     ("heavy", "safe"), ("logdecay", "log_decay")]
+# (class, eps, beta logit) of the correlated-key table: repeated keys (eps 0) to eps 0.5, beta logits 2 and 6
+CORRELATED_CASES = [("correlated_weak", 0.0, 6.0), ("correlated_weak", 0.05, 6.0), ("correlated_weak", 0.2, 6.0),
+                    ("correlated_weak", 0.0, 2.0), ("correlated", 0.0, 6.0), ("correlated", 0.2, 6.0),
+                    ("correlated", 0.0, 2.0), ("correlated", 0.5, 2.0)]
+CORRELATED_FORMS = ("safe", "softplus", "log_decay")
 
 
 class Report:
     def __init__(self, out_dir: str):
         self.md_path = os.path.join(out_dir, "numerics_table.md")
         self.json_path = os.path.join(out_dir, "numerics_table.json")
-        self.timing, self.accuracy, self.ablation, self.classes = [], [], [], []
+        self.timing, self.accuracy, self.ablation, self.classes, self.correlated = [], [], [], [], []
 
     def write(self):
         lines = ["## time per call (ms, median of CUDA events; bf16 states unless fp32 is named)", "",
@@ -72,6 +83,16 @@ class Report:
                 cells = [_pair(r.get(k)) for k in ("flashkda/off", "flashkda/on", "accurate/off", "accurate/on", "fla",
                                                    "cudnn")]
                 lines.append(f"| {r['class']} | {r['gate']} | {r['T']} | " + " | ".join(cells) + " |")
+        if self.correlated:
+            lines += ["", "## correlated keys: relative RMSE against float64, output / final state (H=2, one "
+                      "sequence; fp32 h0 except the repeated-key row)", "",
+                      "| input class | eps | beta logit | gate | T | flashkda serial | flashkda cp=on | accurate serial "
+                      "| accurate cp=on | FLA chunk_kda | cuDNN engine | all finite |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            for r in self.correlated:
+                cells = [_pair(r.get(k)) for k in ("flashkda/off", "flashkda/on", "accurate/off", "accurate/on", "fla",
+                                                   "cudnn")]
+                lines.append(f"| {r['class']} | {r['eps']} | {r['beta_logit']} | {r['gate']} | {r['T']} | "
+                             + " | ".join(cells) + f" | {'yes' if r['finite'] else 'NO'} |")
         lines += ["", "## relative RMSE against float64, output / final state (H=2, one sequence, fp32 h0)", "",
                   "| input class | T | flashkda serial | flashkda cp=on | accurate serial | accurate cp=on | FLA chunk_kda |",
                   "|---|---|---|---|---|---|---|"]
@@ -94,7 +115,7 @@ class Report:
             f.write(text)
         with open(self.json_path, "w") as f:
             json.dump({"timing": self.timing, "accuracy": self.accuracy, "ablation": self.ablation,
-                       "classes": self.classes}, f, indent=1)
+                       "classes": self.classes, "correlated": self.correlated}, f, indent=1)
         return text
 
 
@@ -309,6 +330,59 @@ def class_accuracy(report: Report, lengths, fla: bool, cudnn: bool = True) -> No
         print(row["class"], row["gate"], row["T"], "FLA", row["fla"], flush=True)
 
 
+def correlated_accuracy(report: Report, T: int, fla: bool, cudnn: bool = True, repeated_T: int = 16384) -> None:
+    """Error against float64 on the correlated-key classes (CORRELATED_CASES x CORRELATED_FORMS at
+    length T, and the repeated-key reproducer), both modes, serial and cp="on", then cuDNN's engine
+    and FLA on the same inputs."""
+    import torch
+
+    import kda_aot
+    from kda_aot import bench
+    from kda_aot.references import input_classes
+
+    cases = []
+    draws = [(cls, eps, logit, form, input_classes.make_class_inputs(
+        cls, 1, T, 2, gate=form, seed=7, state="fp32", eps=eps, beta_logit=logit))
+        for cls, eps, logit in CORRELATED_CASES for form in CORRELATED_FORMS]
+    rep = input_classes.repeated_key_case(repeated_T)
+    draws.append(("correlated_weak", 0.0, 8.0, "safe", rep))
+    for cls, eps, logit, form, arrays in draws:
+        n = arrays["q"].shape[1]
+        x = bench.to_device(arrays, state="fp32")
+        cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
+        gold = bench.gold_of(x, cu)
+        row = {"class": cls, "eps": eps, "beta_logit": logit, "gate": form, "T": n, "finite": True}
+        for mode in MODES:
+            for cp in ("off", "on"):
+                o, s = kda_aot.prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], **bench.gate_kwargs(x),
+                                       initial_state=x["initial_state"], output_final_state=True, cu_seqlens=cu,
+                                       seq_lens=[n], cp=cp, numerics=mode)
+                row["finite"] &= bool(torch.isfinite(o.float()).all() and torch.isfinite(s.float()).all())
+                row[f"{mode}/{cp}"] = bench.errors((o, s), gold)
+        report.correlated.append(row)
+        cases.append((row, x, cu, gold))
+        report.write()
+        print(row, flush=True)
+    if cudnn:
+        for row, x, cu, gold in cases:
+            run, c_out, c_final, why = bench.cudnn_runner(x, cu)
+            if run is None:
+                row["cudnn note"] = why
+                continue
+            run()
+            row["cudnn"] = bench.errors((c_out, c_final), gold)
+            report.write()
+    if not fla:
+        return
+    for row, x, cu, gold in cases:
+        run = bench.fla_runner(x, cu, 2)
+        if run is None:
+            continue
+        row["fla"] = bench.errors(run(), gold)
+        report.write()
+        print(row["class"], row["eps"], row["beta_logit"], row["gate"], "FLA", row["fla"], flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -322,6 +396,9 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-classes", action="store_true", help="skip the per-class, per-gate-form accuracy table")
     parser.add_argument("--class-lengths", type=int, nargs="*", default=[8192],
                         help="lengths of the per-class accuracy rows (H=2, one sequence)")
+    parser.add_argument("--skip-correlated", action="store_true", help="skip the correlated-key table")
+    parser.add_argument("--skip-lengths", action="store_true", help="skip the per-length table of the three classes")
+    parser.add_argument("--correlated-length", type=int, default=1024, help="T of the correlated-key rows")
     parser.add_argument("--ablation-lengths", type=int, nargs="*", default=[8192],
                         help="lengths of the ablation's error rows (H=2, one sequence)")
     args = parser.parse_args(argv)
@@ -333,7 +410,10 @@ def main(argv=None) -> int:
         ablation(report, args.iters, args.warmup, args.ablation_lengths, not args.no_fla)
     if not args.skip_classes:
         class_accuracy(report, args.class_lengths, not args.no_fla, not args.no_cudnn)
-    accuracy(report, args.lengths, not args.no_fla)
+    if not args.skip_correlated:
+        correlated_accuracy(report, args.correlated_length, not args.no_fla, not args.no_cudnn)
+    if not args.skip_lengths:
+        accuracy(report, args.lengths, not args.no_fla)
     print(report.write())
     return 0
 

@@ -43,11 +43,6 @@ def _bf(x: torch.Tensor) -> torch.Tensor:
     return x.float().to(torch.bfloat16).float()
 
 
-def _hf(x: torch.Tensor) -> torch.Tensor:
-    """hf(x): fp32 -> fp16 round-to-nearest-even, kept in an fp32 container."""
-    return x.float().to(torch.float16).float()
-
-
 def _fma32(a: torch.Tensor, b, c) -> torch.Tensor:
     """fp32 fma with one rounding: the fp64 product of two fp32 values is exact, so only the add
     can round twice (fp64 then fp32), which is a negligible deviation from a true fma."""
@@ -97,9 +92,6 @@ class _ExactMath:
     def rb(self, x):
         return x
 
-    def rh(self, x):
-        return x
-
     def ex2(self, x):
         return torch.exp2(x)
 
@@ -136,7 +128,6 @@ class _EmulateMath:
         return torch.tensor(x, dtype=self.dtype, device=like.device)
 
     rb = staticmethod(_bf)
-    rh = staticmethod(_hf)
     fma = staticmethod(_fma32)
 
     def ex2(self, x):
@@ -360,17 +351,51 @@ def _gate_log2(m, g, A_log, dt_bias, lb):
     return m.const(lb * LOG2E, x) * m.sig(x)
 
 
-def _neumann16(m, L):
-    """P8: (I+L)^-1 = (I-L)(I+L^2)(I+L^4)(I+L^8) for strictly lower 16x16 L (L^16 = 0); in
-    emulation every product and sum is rounded to fp16 (fp16 MMA accumulation)."""
+def _fma32_rn(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """fma.rn.f32 exactly: a * b + c rounded once. The fp64 product of two fp32 values is exact;
+    the sum is rounded to fp64 by round-to-odd (the nearest fp64 toward the exact value with an
+    odd last bit whenever the sum is inexact), after which one rounding to fp32 is the correctly
+    rounded result (53 >= 24 + 2 bits), where a plain fp64 sum could round twice."""
+    p = a.double() * b.double()
+    c = c.double()
+    s = p + c
+    bb = s - p
+    err = (p - (s - bb)) + (c - bb)  # two-sum: s + err is the exact sum
+    odd = (s.view(torch.int64) & 1) == 1
+    toward = torch.nextafter(s, torch.where(err > 0, torch.full_like(s, float("inf")), torch.full_like(s, -float("inf"))))
+    return torch.where((err == 0) | odd, s, toward).float()
+
+
+def _inverse16(m, L):
+    """P8: INV = (I + L)^-1 for strictly lower 16x16 L [..., 16, 16] (docs/algorithm.md §2.4).
+
+    Exact math: a float64 triangular solve. Emulation: FlashKDA's stable-inverse recipe
+    (September 2026). The two 8x8 diagonal blocks A and B of I + L are inverted in fp32 by
+    forward substitution: X[i, p] starts at -L[i, p] and takes fma(-L[i, s], X[s, p], X[i, p])
+    for s = p + 1 .. i - 1 in that order (each row of the pivot s final before it is used). The
+    16x16 result is merged with bf16 operands and fp32 accumulation: P = diag(bf(A^-1), bf(B^-1)),
+    M = [0 0; bf(C) 0] with C = L's lower-left block, dc = P M, o = bf(-dc) P, INV = P + bf(o)
+    (nonzero blocks disjoint: (I + L)^-1 = [A^-1 0; -B^-1 C A^-1 B^-1]). No power of L is
+    formed, so nearly parallel keys with a large beta (entries of L near 1) stay accurate, where
+    the earlier fp16 Neumann product (I - L)(I + L^2)(I + L^4)(I + L^8) cancelled catastrophically."""
     eye = torch.eye(CHUNK, dtype=L.dtype, device=L.device)
-    x = m.rh(eye - L)
-    p = m.rh(m.mm(L, L))
-    for step in range(3):
-        x = m.rh(x + m.rh(m.mm(x, p)))
-        if step < 2:
-            p = m.rh(m.mm(p, p))
-    return x
+    if isinstance(m, _ExactMath):
+        return torch.linalg.solve_triangular(eye + L, eye.expand_as(L), upper=False, unitriangular=True)
+    h = CHUNK // 2
+    blocks = torch.stack([L[..., :h, :h], L[..., h:, h:]], dim=-3)  # [..., 2, 8, 8]
+    X = torch.tril(-blocks, -1) + torch.eye(h, dtype=L.dtype, device=L.device)
+    for s in range(1, h - 1):  # step 0 has no column left of the pivot, row 7 is never a pivot
+        X[..., s + 1:, :s] = _fma32_rn(X[..., s + 1:, s:s + 1].expand(*X.shape[:-2], h - 1 - s, s),
+                                       X[..., s:s + 1, :s].expand(*X.shape[:-2], h - 1 - s, s),
+                                       X[..., s + 1:, :s])
+    P = torch.zeros_like(L)
+    P[..., :h, :h] = m.rb(X[..., 0, :, :])
+    P[..., h:, h:] = m.rb(X[..., 1, :, :])
+    M = torch.zeros_like(L)
+    M[..., h:, :h] = m.rb(L[..., h:, :h])
+    dc = m.mm(P, M)
+    o = m.mm(m.rb(-dc), P)
+    return m.rb(P + m.rb(o))
 
 
 def _prepare_tiles(m, q, k, g, beta, A_log, dt_bias, lb, scale, length):
@@ -410,13 +435,12 @@ def _prepare_tiles(m, q, k, g, beta, A_log, dt_bias, lb, scale, length):
         Kr = m.rb(Ki * m.rb(gam)[..., None, :])
     b = m.sig(_to_tiles(beta, length))  # padded logits are 0 -> 0.5, harmless (k = v = 0)
     Kit = Ki.transpose(-1, -2)
-    L = torch.tril(m.rh(m.mm(Kd, Kit)), diagonal=-1)  # P6
-    L = m.rh(L * m.rh(b)[..., :, None])
+    L = torch.tril(m.mm(Kd, Kit), diagonal=-1) * b[..., :, None]  # P6: fp32, row-scaled by b
     if single:
         Mqk = torch.tril(m.rb((m.mm(Qlo, Kit) + m.mm(Qd, Kilo_t)) + m.mm(Qd, Kit)))
     else:
         Mqk = torch.tril(m.rb(m.mm(Qd, Kit)))  # P7
-    INV = m.rb(_neumann16(m, L))
+    INV = _inverse16(m, L)
     return Qd, Kd, Kr, gam, b, INV, Mqk
 
 

@@ -24,9 +24,10 @@ Stages and thread roles (warps w0..w7):
                staging buffer, Kd over k, Kr over g, Ki (K1-internal) in its own buffer.
      -- fence.proxy.async.shared (w4-w7), barrier B2, K1Barrier.IMAGES (one bar.sync, all threads) --
   4. w7:       one elected lane bulk-stores the three 4 KiB images (S2G), commits and waits.
-     w0:       L = Kd Ki^T (bf16 mma.sync, fp32 acc) -> fp16, beta row scale, strict-lower mask,
-               fp16 Neumann product (fp16-accumulating mma.sync, movmatrix transposes, packed fp16
-               adds; all in registers) -> INV; stores INV and bsig.
+     w0:       L = Kd Ki^T (bf16 mma.sync, fp32 acc), beta row scale in fp32, strict-lower mask;
+               INV by FlashKDA's stable recipe (fp32 forward substitution of the two 8x8 diagonal
+               blocks over shuffles, the 16x16 merged by two bf16 products with fp32 accumulation;
+               all in registers); stores INV and bsig.
      w1:       Mqk = Qd Ki^T -> bf16, causal mask, store.
      K1' (numerics="accurate"): q^ and k^ stay fp32 until they are gated (stage 2b keeps the raw
                row and its rsqrt), each gated operand is rounded once, and stage 3 also writes the
@@ -63,7 +64,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64, Uint8, Uint32
 
-from .ptx_ops import ex2_approx_ftz, f16x2_to_f32x2, f32x2_to_bf16x2, ldg_b32, mul_rn_ftz, sub_rn
+from .ptx_ops import ex2_approx_ftz, f32x2_to_bf16x2, ldg_b32, mul_rn_ftz, sub_rn
 from .tile_ops import (CHUNK, D, LOG2E, await_previous_grid, bsig_residue_slot0, bulk_g2s_tensor, bulk_s2g_elected,
                        raw_tile_layout, round_bf16, sync_named)
 from .tile_prep import (BETA_LOGITS, F32_FACTOR_ROW, GATE_LOGDECAY, GATE_SAFE, PAD_ROW, decayed_images,
@@ -628,13 +629,12 @@ class K1Prepare:
     def store_inverse(self, p: K1Params, acc, lane: Int32, row_lo: Int32, col0: Int32, logit_lo, logit_hi,
                       word_out: Int32, small_off: Int64, slot: Int64, m: Int32):
         """w0: L -> INV = (I+L)^-1 (tile_prep.inverse_fragments) and bf(sigma(beta)), stored."""
-        X, sig_lo, sig_hi = inverse_fragments(acc, row_lo, col0, logit_lo, logit_hi, self.config.beta_form)
+        inv, sig_lo, sig_hi = inverse_fragments(acc, row_lo, col0, logit_lo, logit_hi, lane, self.config.beta_form)
         mInv = cute.make_tensor(cute.recast_ptr(p.ws_inv + small_off, dtype=Uint32),
                                 cute.make_layout(CHUNK * CHUNK // 2))
         for nb in cutlass.range_constexpr(2):
             for h in cutlass.range_constexpr(2):
-                x0, x1 = f16x2_to_f32x2(X[nb][h])
-                mInv[word_out + h * 8 * (CHUNK // 2) + nb * 4] = f32x2_to_bf16x2(x0, x1)
+                mInv[word_out + h * 8 * (CHUNK // 2) + nb * 4] = inv[nb][h]
         if (lane & 3) == 0:
             mBsig = cute.make_tensor(p.ws_bsig + slot * CHUNK, cute.make_layout(CHUNK))
             mBsig[row_lo] = BFloat16(_select(row_lo < m, round_bf16(sig_lo), 0.0, Float32))

@@ -1,7 +1,7 @@
 """Every inline-PTX wrapper of the kernels, in one module with one convention (sm_90a).
 
 Why inline PTX at all: some instructions the DSL does not wrap (movmatrix, mma.sync on raw
-registers, packed f16 arithmetic, cp.async.bulk on raw addresses), and some whose exact form is
+registers, packed bf16 arithmetic, cp.async.bulk on raw addresses), and some whose exact form is
 part of the rounding recipe (docs/algorithm.md §2.4: `.rn` arithmetic that ptxas must not contract into an fma,
 the `.approx` transcendental forms).
 
@@ -187,42 +187,19 @@ def round_bf16x2(x0: Float32, x1: Float32, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def f32x2_to_f16x2(lo, hi, *, loc=None, ip=None) -> Uint32:
-    """Round two fp32 values to fp16 (RNE) and pack them, lo in the low half."""
-    return Uint32(_asm([T.i32()], [_ir(hi, Float32, loc, ip), _ir(lo, Float32, loc, ip)],
-                       "cvt.rn.f16x2.f32 $0, $1, $2;", "=r,f,f", False, loc, ip))
-
-
-@dsl_user_op
-def f16x2_to_f32x2(x, *, loc=None, ip=None):
-    """(low, high) fp16 halves of a packed word as exact fp32 values."""
-    lo, hi = _asm([T.f32(), T.f32()], [_ir(x, Uint32, loc, ip)],
-                  "{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, $2;\n\tcvt.f32.f16 $0, l;\n\tcvt.f32.f16 $1, h;\n\t}",
-                  "=f,=f,r", False, loc, ip)
-    return Float32(lo), Float32(hi)
-
-
-@dsl_user_op
 def to_tf32(x: Float32, *, loc=None, ip=None) -> Int32:
     """fp32 -> tf32 (round to nearest, ties away), as the b32 operand register mma.sync expects."""
     return Int32(_asm([T.i32()], [_ir(x, Float32, loc, ip)], "cvt.rna.tf32.f32 $0, $1;", "=r,f", False, loc, ip))
 
 
-# --- packed fp16 arithmetic (IEEE, round to nearest, subnormals kept: no .ftz) ----------------------
+# --- packed bf16 arithmetic ----------------------------------------------------------------------------
 
-def _f16x2_op(op):
-    @dsl_user_op
-    def fn(a, b, *, loc=None, ip=None) -> Uint32:
-        return Uint32(_asm([T.i32()], [_ir(a, Uint32, loc, ip), _ir(b, Uint32, loc, ip)],
-                           f"{op}.rn.f16x2 $0, $1, $2;", "=r,r,r", False, loc, ip))
-    fn.__name__ = f"{op}_f16x2"
-    fn.__doc__ = f"{op}.rn.f16x2 on packed words."
-    return fn
-
-
-add_f16x2 = _f16x2_op("add")
-sub_f16x2 = _f16x2_op("sub")
-mul_f16x2 = _f16x2_op("mul")
+@dsl_user_op
+def add_bf16x2(a, b, *, loc=None, ip=None) -> Uint32:
+    """add.rn.bf16x2 on packed words (K1's inverse merge: P + bf(o), where one operand of every pair
+    is zero, so the sum is exact)."""
+    return Uint32(_asm([T.i32()], [_ir(a, Uint32, loc, ip), _ir(b, Uint32, loc, ip)],
+                       "add.rn.bf16x2 $0, $1, $2;", "=r,r,r", False, loc, ip))
 
 
 # --- warp-level matrix instructions -------------------------------------------------------------
@@ -296,17 +273,6 @@ def mma_m16n8k16_bf16_f32(a, b, c, *, loc=None, ip=None):
 def mma_bf16_16816(a, b, c, *, loc=None, ip=None):
     """The same product, pure (K2 / pre_scan, Int32 words): D = A(16x16 bf16) * B(16x8 bf16) + C."""
     return _mma_16816_bf16(a, b, c, Int32, False, loc, ip)
-
-
-@dsl_user_op
-def mma_m16n8k16_f16_f16(a, b, c, *, loc=None, ip=None):
-    """D = A*B + C, fp16 inputs, fp16 accumulate. a: 4 words, b: 2 words, c: 2 words -> 2 words."""
-    args = [_ir(v, Uint32, loc, ip) for v in a] + [_ir(v, Uint32, loc, ip) for v in b] + \
-           [_ir(v, Uint32, loc, ip) for v in c]
-    d = _asm([T.i32()] * 2, args,
-             "mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16 {$0, $1}, {$2, $3, $4, $5}, {$6, $7}, {$8, $9};",
-             "=r,=r,r,r,r,r,r,r,r,r", True, loc, ip)
-    return tuple(Uint32(v) for v in d)
 
 
 @dsl_user_op

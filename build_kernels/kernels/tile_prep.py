@@ -12,15 +12,13 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Uint32
 
-from .ptx_ops import (add_f16x2, add_rn, add_rn_ftz, ex2_approx_ftz, f32x2_to_bf16x2, f32x2_to_f16x2, fma_rn_ftz,
-                      ld_shared_v4, ldmatrix_x4, lds_b32, lds_f32, lg2_approx_ftz, mma_m16n8k16_bf16_f32,
-                      mma_m16n8k16_f16_f16, movmatrix_trans, mul_f16x2, mul_rn_ftz, rsqrt_approx_ftz, st_shared_v4,
-                      sub_f16x2, sub_rn, u32_as_f32)
+from .ptx_ops import (add_bf16x2, add_rn, add_rn_ftz, ex2_approx_ftz, f32x2_to_bf16x2, fma_rn_ftz, ld_shared_v4,
+                      ldmatrix_x4, lds_b32, lds_f32, lg2_approx_ftz, mma_m16n8k16_bf16_f32, movmatrix_trans,
+                      mul_rn_ftz, rsqrt_approx_ftz, st_shared_v4, sub_rn, u32_as_f32)
 from .tile_ops import CHUNK, D, LOG2E, bf16x2_to_f32x2, raw_tile_layout, round_bf16, sigmoid_tanh
 
 PAD_ROW = D + 8  # staging row stride in elements (272 B, a multiple of 16 for the bulk copies)
 KSTEP_BYTES = 512  # one 16-column k-step of a raw image: core matrices (0,2kk),(1,2kk),(0,2kk+1),(1,2kk+1)
-F16_ONE = 0x3C00
 # Row stride (elements) of the fp32 decay factors (numerics="accurate"). Stage 3 reads them 32 bytes
 # per lane with 8 consecutive rows in 8 consecutive lanes: at PAD_ROW (544 B) those rows start 8 banks
 # apart, so a quarter warp touches 16 of the 32 banks (2-way conflicts); at 528 B they start 4 apart.
@@ -58,14 +56,15 @@ def _b_operands(M):
     return [(movmatrix_trans(M[nb][0]), movmatrix_trans(M[nb][1])) for nb in range(2)]
 
 
-def _matmul_f16(a_op, b_ops):
-    """fp16 x fp16 with fp16 accumulation from zero (spec P8), 16x16x16."""
-    zero = Uint32(0)
-    return [list(mma_m16n8k16_f16_f16(a_op, b_ops[nb], (zero, zero))) for nb in range(2)]
+def _matmul_bf16(a_op, b_ops):
+    """bf16 x bf16 with fp32 accumulation from zero, 16x16x16: [nb][2h + e] accumulators."""
+    zero = Float32(0.0)
+    return [list(mma_m16n8k16_bf16_f32(a_op, b_ops[nb], (zero, zero, zero, zero))) for nb in range(2)]
 
 
-def _add(X, Y):
-    return [[add_f16x2(X[nb][h], Y[nb][h]) for h in range(2)] for nb in range(2)]
+def _bf16_words(acc):
+    """A 16x16 fp32 accumulator as bf16 fragment words [nb][h] (round to nearest even)."""
+    return [[f32x2_to_bf16x2(acc[nb][2 * h], acc[nb][2 * h + 1]) for h in range(2)] for nb in range(2)]
 
 
 def _f32x4(addr):
@@ -452,46 +451,56 @@ def beta_strength(x, beta_form):
     return mul_rn_ftz(sig, Float32(2.0)) if beta_form == BETA_LOGITS2 else sig
 
 
-def inverse_fragments(acc, row_lo, col0, logit_lo, logit_hi, beta_form=BETA_LOGITS):
-    """P6 and P8 on Kd Ki^T's accumulator: L = hf(acc) scaled by hf(b) per row, strictly lower;
-    X = (I - L)(I + L^2)(I + L^4)(I + L^8), every product fp16-accumulated from zero and every sum a
-    separate fp16 add. b = sigma(beta) for FlashKDA's logits (beta_strength gives the other forms).
-    Returns (X fragments, b of rows row_lo and row_lo + 8)."""
-    strict_mask = select(row_lo > col0, 0x0000FFFF, 0, Uint32) | \
-        select(row_lo > col0 + 1, 0xFFFF0000, 0, Uint32)
-    eye = select(row_lo == col0, F16_ONE, 0, Uint32) | \
-        select(row_lo == col0 + 1, F16_ONE << 16, 0, Uint32)
-    sig_lo = beta_strength(logit_lo, beta_form)
-    sig_hi = beta_strength(logit_hi, beta_form)
-    beta_h = [f32x2_to_f16x2(sig_lo, sig_lo), f32x2_to_f16x2(sig_hi, sig_hi)]  # hf(sigma~(beta_i))
-    # P6: L = hf(acc), row scale in fp16, keep i > j. P8: X = I - L (fp16).
-    L = []
-    X = []
-    for nb in range(2):
-        Lc = []
-        Xc = []
-        for h in range(2):
-            if h < nb:  # block above the diagonal
-                Lc.append(Uint32(0))
-                Xc.append(Uint32(0))
-            else:
-                lw = mul_f16x2(f32x2_to_f16x2(acc[nb][2 * h], acc[nb][2 * h + 1]), beta_h[h])
-                if h == nb:
-                    lw = lw & strict_mask
-                Lc.append(lw)
-                # fp16 I - L: +0 where L is 0, exactly like the reference's subtraction
-                Xc.append(sub_f16x2(eye if h == nb else Uint32(0), lw))
-        L.append(Lc)
-        X.append(Xc)
-    # P8: (I - L)(I + L^2)(I + L^4)(I + L^8), every product fp16-accumulated from zero and
-    # every sum a separate fp16 add.
-    P = _matmul_f16(_a_operand(L), _b_operands(L))
-    for step in range(3):
-        bP = _b_operands(P)
-        X = _add(X, _matmul_f16(_a_operand(X), bP))
-        if step < 2:
-            P = _matmul_f16(_a_operand(P), bP)
-    return X, sig_lo, sig_hi
+def _forward_substitution(x, row, col0, lane):
+    """The inverse of one unit lower 8x8 diagonal block of I + L in fp32 (P8), in place on the lane's
+    two entries x = [X[row, col0], X[row, col0 + 1]] (block-local row `row` = lane // 4), which
+    start as -L below the diagonal, 1 on it and 0 above. Step s takes row s as the pivot (final
+    after step s - 1) and, for every row below it, X[i, p] = fma(X[i, s], X[s, p], X[i, p]) on the
+    columns p < s, where X[i, s] is still -L[i, s]: FlashKDA's order (rank-1 updates below the
+    pivot, s ascending), one rounding per fma. Row s lives in lanes 4s .. 4s + 3, column s of the
+    lane's own row in lane (lane & ~3) | (s >> 1)."""
+    for s in range(1, 7):  # step 0 updates nothing left of the pivot, row 7 is never one
+        mult = cute.arch.shuffle_sync(x[s & 1], (lane & ~3) | (s >> 1))
+        below = row > s
+        for e in range(2):
+            pivot = cute.arch.shuffle_sync(x[e], 4 * s + (lane & 3))
+            x[e] = select(below & (col0 + e < s), fma_rn_ftz(mult, pivot, x[e]), x[e], Float32)
+    return x
+
+
+def inverse_fragments(acc, row_lo, col0, logit_lo, logit_hi, lane, beta_form=BETA_LOGITS):
+    """P6 and P8 on Kd Ki^T's accumulator (FlashKDA's stable-inverse recipe, docs/algorithm.md
+    §2.4): L = fp32(acc * b) per row, strictly lower; the two 8x8 diagonal blocks A, B of I + L
+    inverted in fp32 by forward substitution, then the 16x16 merged with bf16 operands and fp32
+    accumulation: P = diag(bf(A^-1), bf(B^-1)), M = [0 0; bf(C) 0] with C = L's lower-left block,
+    dc = P M, o = bf(-dc) P, INV = P + bf(o), as (I + L)^-1 = [A^-1 0; -B^-1 C A^-1 B^-1]. No power
+    of L is formed, so keys that are nearly parallel inside a tile (entries of L near 1) keep INV
+    accurate. b = sigma(beta) for FlashKDA's logits (beta_strength gives the other forms).
+    Returns (INV as bf16 fragment words [nb][h], b of rows row_lo and row_lo + 8)."""
+    sig = [beta_strength(logit_lo, beta_form), beta_strength(logit_hi, beta_form)]
+    zero = Float32(0.0)
+    # P6: the diagonal blocks (h == nb) as -L below the diagonal, 1 on it, 0 above; the
+    # lower-left block C (h = 1, nb = 0) as L itself.
+    blocks = []
+    for d in range(2):
+        x = []
+        for e in range(2):
+            c = col0 + e
+            neg_l = -mul_rn_ftz(acc[d][2 * d + e], sig[d])
+            x.append(select(row_lo > c, neg_l, select(row_lo == c, Float32(1.0), zero, Float32), Float32))
+        blocks.append(_forward_substitution(x, row_lo, col0, lane))
+    c_block = [mul_rn_ftz(acc[0][2 + e], sig[1]) for e in range(2)]
+    # P8, the merge: P and M as bf16 words in the accumulator layout [nb][h].
+    none = Uint32(0)
+    P = [[f32x2_to_bf16x2(blocks[0][0], blocks[0][1]), none],
+         [none, f32x2_to_bf16x2(blocks[1][0], blocks[1][1])]]
+    M = [[none, f32x2_to_bf16x2(c_block[0], c_block[1])], [none, none]]
+    p_op = _a_operand(P)
+    dc = _matmul_bf16(p_op, _b_operands(M))
+    neg_dc = [[mul_rn_ftz(dc[nb][i], Float32(-1.0)) for i in range(4)] for nb in range(2)]
+    o = _bf16_words(_matmul_bf16(_a_operand(_bf16_words(neg_dc)), _b_operands(P)))
+    inv = [[add_bf16x2(P[nb][h], o[nb][h]) for h in range(2)] for nb in range(2)]
+    return inv, sig[0], sig[1]
 
 
 def _causal_mask(row_lo, col0):

@@ -18,6 +18,15 @@ Classes (CLASSES):
   the extremes +30 and -30 both present: the gate's saturation on both sides.
 * "logdecay": gate "log_decay" only. g is the per-token natural log-decay itself, -exp(u) with
   u ~ U(log 1e-4, log 80): decays from almost none down to -80 (exp(-80) ~ 2e-35).
+* "correlated": nearly parallel keys with a large beta, as repeated tokens, padding and templated
+  prompts give: per (batch row, head) one base key c ~ N(0, 1), k_t = c + eps n_t with
+  n_t ~ N(0, 1) (`eps`, default 0.05; 0 repeats one key), every beta logit equal to `beta_logit`
+  (default 6, b = 0.9975), the gates as "model". Inside a 16-token tile the entries of L approach
+  b: the hard case for the intra-chunk solve (docs/numerics.md).
+* "correlated_weak": "correlated" with a weak decay: g = `weak_g` everywhere (default -8) and
+  A_log = dt_bias = 0, so the gate forgets almost nothing (about 1.7e-3 per token with
+  lower_bound -5). Errors of the write direction then stay in the state for the whole sequence.
+  `repeated_key_case()` is the reproducer of this class that made earlier recipes return NaN.
 
 Gate forms (GATES, the `gate` argument of kda_aot.prefill): "safe" and "sigmoid" (lower_bound -5),
 "softplus" (lower_bound None), "log_decay" (A_log, dt_bias and lower_bound None; g fp32 unless
@@ -38,7 +47,8 @@ import numpy as np
 
 from ..library.abi_constants import D
 
-CLASSES = ("random", "model", "long", "heavy", "logdecay")
+CLASSES = ("random", "model", "long", "heavy", "logdecay", "correlated", "correlated_weak")
+CORRELATED = ("correlated", "correlated_weak")
 GATES = ("safe", "sigmoid", "softplus", "log_decay")
 LOWER_BOUND = -5.0
 # FLA's KimiDeltaAttention: dt log-uniform in [DT_MIN, DT_MAX], clamped below at DT_FLOOR; A = exp(A_log)
@@ -48,9 +58,14 @@ A_MIN, A_MAX = 1.0, 16.0
 LONG_G_MEAN = -8.0
 HEAVY_FRACTION, HEAVY_MIN, HEAVY_MAX = 0.01, 10.0, 30.0
 LOGDECAY_MIN, LOGDECAY_MAX = 1e-4, 80.0
+# The correlated classes: key noise, beta logit and the weak class's raw gate, by default; the
+# accuracy table and the tests sweep EPS_SWEEP and beta logits up to 6.
+CORRELATED_EPS, CORRELATED_BETA_LOGIT, WEAK_G = 0.05, 6.0, -8.0
+EPS_SWEEP = (0.0, 0.05, 0.2, 0.5)
 STATE_SCALE = 0.1
 # One stream per field: a field's values depend on (seed, field) only.
-_STREAMS = {"q": 1, "k": 2, "v": 3, "g": 4, "beta": 5, "A_log": 6, "dt_bias": 7, "outliers": 8, "state": 9}
+_STREAMS = {"q": 1, "k": 2, "v": 3, "g": 4, "beta": 5, "A_log": 6, "dt_bias": 7, "outliers": 8, "state": 9,
+            "key_base": 10}
 
 
 def _rng(seed: int, field: str) -> np.random.Generator:
@@ -82,7 +97,9 @@ def gate_params(cls: str, H: int, gate: str, seed: int = 0):
     if gate == "log_decay":
         raise ValueError("gate: 'log_decay' reads no gate parameters")
     lower_bound = None if gate == "softplus" else LOWER_BOUND
-    if cls == "model":
+    if cls == "correlated_weak":
+        return np.zeros(H, np.float32), np.zeros((H, D), np.float32), lower_bound
+    if cls in ("model", "correlated"):
         dt_bias = fla_dt_bias(H, _rng(seed, "dt_bias"))
         if gate == "softplus":
             A_log = np.log(_rng(seed, "A_log").uniform(A_MIN, A_MAX, H)).astype(np.float32)
@@ -107,7 +124,8 @@ def log_decay(g: np.ndarray, A_log: np.ndarray, dt_bias: np.ndarray, lower_bound
 
 def make_class_inputs(cls: str, B: int, T: int, H: int, *, gate: str = "safe", seed: int = 0,
                       g_dtype: Optional[str] = None, decay_from: str = "safe", state: Optional[str] = None,
-                      n_states: Optional[int] = None) -> dict:
+                      n_states: Optional[int] = None, eps: Optional[float] = None,
+                      beta_logit: Optional[float] = None, weak_g: Optional[float] = None) -> dict:
     """Inputs of class `cls` for kda_aot.prefill's gate form `gate`, as NumPy arrays.
 
     Returns a dict: q, k, v, g [B, T, H, 128] and beta [B, T, H] (fp32 arrays; bf16 values except
@@ -116,9 +134,18 @@ def make_class_inputs(cls: str, B: int, T: int, H: int, *, gate: str = "safe", s
     device), initial_state (None, or [n_states (default B), H, 128, 128] ~ 0.1 N(0, 1) with values
     of `state`, "bf16" or "fp32"). `g_dtype` is "bf16" by default, "fp32" by default with gate
     "log_decay"; `decay_from` ("safe" or "softplus") is the gate whose log-decay a "log_decay" g
-    holds for the classes other than "logdecay".
+    holds for the classes other than "logdecay". `eps`, `beta_logit` and `weak_g` shape the
+    correlated classes (their defaults CORRELATED_EPS, CORRELATED_BETA_LOGIT, WEAK_G) and are
+    refused with any other class.
     """
     _check(cls, gate)
+    if cls not in CORRELATED and (eps, beta_logit, weak_g) != (None, None, None):
+        raise ValueError(f"eps, beta_logit, weak_g: only the classes {CORRELATED} take them, got cls={cls!r}")
+    if weak_g is not None and cls != "correlated_weak":
+        raise ValueError(f"weak_g: only 'correlated_weak' takes it, got cls={cls!r}")
+    eps = CORRELATED_EPS if eps is None else float(eps)
+    if not np.isfinite(eps) or eps < 0:
+        raise ValueError(f"eps: expected a finite value >= 0, got {eps!r}")
     if g_dtype is None:
         g_dtype = "fp32" if gate == "log_decay" else "bf16"
     if g_dtype not in ("bf16", "fp32"):
@@ -135,13 +162,19 @@ def make_class_inputs(cls: str, B: int, T: int, H: int, *, gate: str = "safe", s
     shape = (B, T, H, D)
     out = {name: bf16_values(_rng(seed, name).standard_normal(shape, dtype=np.float32)) for name in ("q", "k", "v")}
     out["beta"] = bf16_values(_rng(seed, "beta").standard_normal((B, T, H), dtype=np.float32))
+    if cls in CORRELATED:
+        base = _rng(seed, "key_base").standard_normal((B, 1, H, D), dtype=np.float32)
+        # the same noise draws as "random"'s k, scaled: eps = 0 repeats the base key exactly
+        out["k"] = bf16_values(base + np.float32(eps) * _rng(seed, "k").standard_normal(shape, dtype=np.float32))
+        logit = CORRELATED_BETA_LOGIT if beta_logit is None else float(beta_logit)
+        out["beta"] = np.full((B, T, H), bf16_values(np.float32(logit)), np.float32)
     out.update(cls=cls, gate=None, g_dtype=None, A_log=None, dt_bias=None, lower_bound=None, initial_state=None)
     if cls == "logdecay":
         u = _rng(seed, "g").uniform(np.log(LOGDECAY_MIN), np.log(LOGDECAY_MAX), shape)
         out.update(gate=gate, g_dtype=g_dtype, g=bf16_values(-np.exp(u)) if g_dtype == "bf16" else
                    (-np.exp(u)).astype(np.float32))
     else:
-        out = regate(dict(out, g=_raw_gate_input(cls, shape, seed)), gate, seed=seed, g_dtype=g_dtype,
+        out = regate(dict(out, g=_raw_gate_input(cls, shape, seed, weak_g)), gate, seed=seed, g_dtype=g_dtype,
                      decay_from=decay_from)
     if state is not None:
         n = B if n_states is None else int(n_states)
@@ -174,8 +207,10 @@ def regate(inputs: dict, gate: str, *, seed: int = 0, g_dtype: Optional[str] = N
     return out
 
 
-def _raw_gate_input(cls: str, shape, seed: int) -> np.ndarray:
+def _raw_gate_input(cls: str, shape, seed: int, weak_g: Optional[float] = None) -> np.ndarray:
     """The gate's input g before the gate (bf16 values) for the classes that have one."""
+    if cls == "correlated_weak":
+        return bf16_values(np.full(shape, WEAK_G if weak_g is None else weak_g, np.float32))
     g = _rng(seed, "g").standard_normal(shape, dtype=np.float32)
     if cls == "long":
         g = g + np.float32(LONG_G_MEAN)
@@ -188,6 +223,13 @@ def _raw_gate_input(cls: str, shape, seed: int) -> np.ndarray:
         if n >= 2:  # both saturations, whatever the draw
             flat[where[0]], flat[where[1]] = HEAVY_MAX, -HEAVY_MAX
     return bf16_values(g)
+
+
+def repeated_key_case(T: int = 16384, H: int = 2, seed: int = 0) -> dict:
+    """One key repeated over a whole sequence with a weak gate and a large beta: the reproducer with
+    which serving engines saw the recurrent state go non-finite under the fp16 Neumann inverse
+    (raw gate -12, A_log = dt_bias = 0, beta logit 8, safe gate, lower_bound -5)."""
+    return make_class_inputs("correlated_weak", 1, T, H, seed=seed, eps=0.0, beta_logit=8.0, weak_g=-12.0)
 
 
 def cu_seqlens(lens) -> np.ndarray:

@@ -34,13 +34,6 @@ def _bf(x) -> np.ndarray:
     return np.asarray(x, F32).astype(BF16).astype(F32)
 
 
-def _hf(x) -> np.ndarray:
-    """fp32 -> fp16 (RNE) -> fp32; out-of-range values become inf, as a cast does on the GPU (only
-    padded tile rows reach them, which the recipe masks)."""
-    with np.errstate(over="ignore"):
-        return np.asarray(x, F32).astype(np.float16).astype(F32)
-
-
 def _fma32(a, b, c) -> np.ndarray:
     """fp32 fma with one rounding (the fp64 product of two fp32 values is exact)."""
     return (np.asarray(a, F64) * np.asarray(b, F64) + np.asarray(c, F64)).astype(F32)
@@ -65,7 +58,6 @@ class _ExactMath:
     def rb(self, x):
         return x
 
-    rh = rb
 
     def ex2(self, x):
         return np.exp2(x)
@@ -93,7 +85,6 @@ class _EmulateMath:
         return F32(x)  # formed in double, cast to fp32 once
 
     rb = staticmethod(_bf)
-    rh = staticmethod(_hf)
     fma = staticmethod(_fma32)
     mm = staticmethod(_acc32)
 
@@ -213,15 +204,40 @@ def _cumsum_rows(a2):
     return np.stack(out, axis=-2)
 
 
-def _neumann16(m, L):
-    """(I+L)^-1 = (I-L)(I+L^2)(I+L^4)(I+L^8) for strictly lower 16x16 L, fp16-rounded in emulation."""
-    x = m.rh(np.eye(CHUNK, dtype=L.dtype) - L)
-    p = m.rh(m.mm(L, L))
-    for step in range(3):
-        x = m.rh(x + m.rh(m.mm(x, p)))
-        if step < 2:
-            p = m.rh(m.mm(p, p))
-    return x
+def _fma32_rn(a, b, c) -> np.ndarray:
+    """fma.rn.f32 exactly: the fp64 product is exact and the fp64 sum is taken by round-to-odd
+    (reference.py's _fma32_rn says why that rounds correctly to fp32 afterwards)."""
+    p = np.asarray(a, F64) * np.asarray(b, F64)
+    c = np.asarray(c, F64)
+    s = p + c
+    bb = s - p
+    err = (p - (s - bb)) + (c - bb)
+    odd = (s.view(np.int64) & 1) == 1
+    toward = np.nextafter(s, np.where(err > 0, np.inf, -np.inf))
+    return np.where((err == 0) | odd, s, toward).astype(F32)
+
+
+def _inverse16(m, L):
+    """(I + L)^-1 for strictly lower 16x16 L: exact in float64, or FlashKDA's stable-inverse recipe
+    in emulation (reference.py's _inverse16: fp32 forward substitution of the 8x8 diagonal
+    blocks, then the bf16 merge P + bf(bf(-P M) P))."""
+    eye = np.eye(CHUNK, dtype=L.dtype)
+    if isinstance(m, _ExactMath):
+        return np.linalg.inv(eye + L)
+    h = CHUNK // 2
+    X = np.stack([L[..., :h, :h], L[..., h:, h:]], axis=-3)
+    X = np.tril(-X, -1) + np.eye(h, dtype=F32)
+    for s in range(1, h - 1):
+        shape = X.shape[:-2] + (h - 1 - s, s)
+        X[..., s + 1:, :s] = _fma32_rn(np.broadcast_to(X[..., s + 1:, s:s + 1], shape),
+                                       np.broadcast_to(X[..., s:s + 1, :s], shape), X[..., s + 1:, :s])
+    P = np.zeros_like(L)
+    P[..., :h, :h] = m.rb(X[..., 0, :, :])
+    P[..., h:, h:] = m.rb(X[..., 1, :, :])
+    M = np.zeros_like(L)
+    M[..., h:, :h] = m.rb(L[..., h:, :h])
+    o = m.mm(m.rb(-m.mm(P, M)), P)
+    return m.rb(P + m.rb(o))
 
 
 def _prepare_tiles(m, q, k, g, beta, A_log, dt_bias, lb, scale, length):
@@ -242,10 +258,9 @@ def _prepare_tiles(m, q, k, g, beta, A_log, dt_bias, lb, scale, length):
     Kr = m.rb(Ki * m.rb(gam)[..., None, :])
     b = m.sig(_to_tiles(beta, length))
     Kit = np.swapaxes(Ki, -1, -2)
-    L = np.tril(m.rh(m.mm(Kd, Kit)), -1)
-    L = m.rh(L * m.rh(b)[..., :, None])
+    L = np.tril(m.mm(Kd, Kit), -1) * b[..., :, None]  # fp32, row-scaled by b
     Mqk = np.tril(m.rb(m.mm(Qd, Kit)))
-    INV = m.rb(_neumann16(m, L))
+    INV = _inverse16(m, L)
     return Qd, Kd, Kr, gam, b, INV, Mqk
 
 

@@ -25,7 +25,7 @@ def test_bf16_values_is_round_to_nearest_even():
     assert ic.bf16_values(np.float32([1 + 2 ** -8]))[0] == 1.0  # a tie goes to the even neighbour
 
 
-@pytest.mark.parametrize("cls", ["random", "model", "long", "heavy"])
+@pytest.mark.parametrize("cls", ["random", "model", "long", "heavy", "correlated", "correlated_weak"])
 @pytest.mark.parametrize("gate", ["safe", "sigmoid", "softplus"])
 def test_shapes_dtypes_and_bf16_exact(cls, gate):
     x = ic.make_class_inputs(cls, B, T, H, gate=gate, seed=1)
@@ -158,12 +158,46 @@ def test_cu_seqlens():
 @pytest.mark.parametrize("kwargs, start", [
     (dict(cls="x"), "cls:"), (dict(gate="exp"), "gate:"), (dict(cls="logdecay"), "cls:"),
     (dict(g_dtype="fp16"), "g_dtype:"), (dict(g_dtype="fp32"), "g_dtype:"), (dict(state="fp16"), "state:"),
-    (dict(decay_from="sigmoid"), "decay_from:"), (dict(H=0), "H:"), (dict(T=-1), "T:"), (dict(B=1.5), "B:")])
+    (dict(decay_from="sigmoid"), "decay_from:"), (dict(H=0), "H:"), (dict(T=-1), "T:"), (dict(B=1.5), "B:"),
+    (dict(eps=0.1), "eps, beta_logit, weak_g:"), (dict(cls="correlated", eps=-1.0), "eps:"),
+    (dict(cls="correlated", weak_g=-8.0), "weak_g:")])
 def test_errors_name_the_argument(kwargs, start):
     args = dict(cls="random", B=1, T=16, H=2)
     args.update(kwargs)
     with pytest.raises(ValueError, match="^" + start):
         ic.make_class_inputs(args.pop("cls"), args.pop("B"), args.pop("T"), args.pop("H"), **args)
+
+
+def _unit(x):
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("eps", ic.EPS_SWEEP)
+def test_correlated_keys_are_nearly_parallel(eps):
+    """k = base + eps noise per (batch row, head): the cosine between keys of one head falls with
+    eps, beta is one logit everywhere, and the gates are "model"'s draws."""
+    x = ic.make_class_inputs("correlated", B, T, H, seed=2, eps=eps, beta_logit=4.0)
+    kh = _unit(x["k"].astype(np.float64))
+    cos = np.einsum("bthd,bshd->bhts", kh[:, :16], kh[:, :16])
+    if eps == 0.0:
+        assert np.array_equal(x["k"], np.broadcast_to(x["k"][:, :1], x["k"].shape))
+    assert cos.min() > {0.0: 0.999, 0.05: 0.99, 0.2: 0.9, 0.5: 0.5}[eps]
+    assert np.all(x["beta"] == 4.0)
+    model = ic.make_class_inputs("model", B, T, H, seed=2)
+    assert np.array_equal(x["g"], model["g"]) and np.array_equal(x["dt_bias"], model["dt_bias"])
+    assert np.array_equal(x["q"], model["q"]) and np.array_equal(x["v"], model["v"])
+
+
+def test_correlated_weak_gate_and_the_repeated_key_case():
+    x = ic.make_class_inputs("correlated_weak", 1, 32, 2, gate="softplus")
+    assert np.all(x["g"] == ic.WEAK_G) and not x["A_log"].any() and not x["dt_bias"].any()
+    assert np.all(x["beta"] == ic.CORRELATED_BETA_LOGIT)
+    decay = ic.log_decay(x["g"], x["A_log"], x["dt_bias"], x["lower_bound"])
+    assert np.all((decay < 0) & (decay > -1e-3))  # forgets almost nothing per token
+    r = ic.repeated_key_case(T=64)
+    assert r["q"].shape == (1, 64, 2, 128) and np.all(r["g"] == -12.0) and np.all(r["beta"] == 8.0)
+    assert np.array_equal(r["k"], np.broadcast_to(r["k"][:, :1], r["k"].shape))
+    assert (r["gate"], r["lower_bound"]) == ("safe", -5.0) and not r["A_log"].any()
 
 
 def test_gate_params_refuses_log_decay():
