@@ -64,7 +64,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64, Uint8, Uint32
 
-from .ptx_ops import ex2_approx_ftz, f32x2_to_bf16x2, ldg_b32, mul_rn_ftz, sub_rn
+from .ptx_ops import ex2_approx_ftz, ldg_b32, mul_rn_ftz, sub_rn
 from .tile_ops import (CHUNK, D, LOG2E, await_previous_grid, bsig_residue_slot0, bulk_g2s_tensor, bulk_s2g_elected,
                        raw_tile_layout, round_bf16, sync_named)
 from .tile_prep import (BETA_LOGITS, F32_FACTOR_ROW, GATE_LOGDECAY, GATE_SAFE, PAD_ROW, decayed_images,

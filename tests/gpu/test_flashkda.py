@@ -1,7 +1,9 @@
 """Bitwise equality with FlashKDA itself, where a build of it is importable (`flash_kda`).
 
 The rest of the suite checks the FlashKDA recipe against our emulation of it (reference.py); this
-file checks it against FlashKDA's own kernels, the yardstick users compare with. FlashKDA is not a
+file checks it against FlashKDA's own kernels, the yardstick users compare with, where the installed
+build computes the stable-inverse recipe (tests/flashkda_recipe.py tells; an earlier build skips,
+saying so). FlashKDA is not a
 dependency: build it from its public source on the GPU machine to run these (docs/benchmarks.md
 says how the benchmark uses it). Serial calls only (cp="off"): intracard CP is our own algorithm
 and is bounded against float64 instead (tests/gpu/test_cp_long_memory.py).
@@ -13,6 +15,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 
 torch = pytest.importorskip("torch")
 flash_kda = pytest.importorskip("flash_kda", reason="FlashKDA is not installed (build it from its public source)")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _stable_recipe():
+    from flashkda_recipe import require_stable_inverse
+
+    require_stable_inverse(flash_kda.fwd)
 
 CASES = [
     # (shape: (B, T) dense or a list of lengths, H, state dtype, lower bound, gate mean)
