@@ -720,8 +720,8 @@ def packed_views(x: dict, T: int, H: int, extra: int = 64):
 
 
 def contract_cost(args) -> int:
-    """What the engine contracts cost (docs/state_pool.md, docs/api.md): checkpoints at offsets,
-    strided inputs, and the host cost of the compatible entry points."""
+    """What the engine contracts cost (docs/state_pool.md, docs/design.md, docs/benchmarks.md "Host
+    cost"): checkpoints at offsets, strided inputs, and the host cost of the compatible entry points."""
     import torch
 
     import kda_aot
