@@ -90,6 +90,27 @@ def _kernel_table(rows: list) -> str:
     ])
 
 
+def _in_cache(variant, cache: Path) -> bool:
+    """Whether compile_variant will take the variant from the cache (its layout: one folder per
+    variant and key, `<name>-<fingerprint>/<name>.o`)."""
+    return (cache / f"{variant.name}-{kc.fingerprint(variant)}" / f"{variant.name}.o").exists()
+
+
+def _clock(seconds: float) -> str:
+    minutes, seconds = divmod(int(round(seconds)), 60)
+    return f"{minutes}:{seconds:02d}"
+
+
+def _progress(done: int, total: int, name: str, took: float, elapsed: float) -> str:
+    """`[ 12/170] k1_prepare   1.4 s | 0:17 elapsed, about 3:41 left`: the counter of compiled
+    kernels, the one just compiled and its time, the time since the first started and the rest at
+    the mean time per kernel so far."""
+    total = max(total, done)  # a kernel another build removed from the cache meanwhile
+    width = len(str(total))
+    left = f", about {_clock(elapsed / done * (total - done))} left" if done < total else ""
+    return f"[{done:>{width}}/{total}] {name:<40} {took:4.1f} s | {_clock(elapsed)} elapsed{left}"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m build_kernels", description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, type=Path)
@@ -121,15 +142,24 @@ def main(argv=None) -> int:
         variants = [v for v in all_variants() if v.name in set(args.only)]
     args.out.mkdir(parents=True, exist_ok=True)
     args.cache.mkdir(parents=True, exist_ok=True)
-    # What is printed: one line for a build served from the cache, and otherwise a header, a line
-    # per kernel actually compiled and the summary. A line per cached kernel ("cached in 0.00 s",
-    # over a hundred of them on every install) told a reader nothing.
+    # What is printed: one line for a build served from the cache; otherwise, before anything is
+    # compiled, how many kernels are missing from the cache and what that takes, then a counter
+    # line per kernel compiled (with the time spent and an estimate of the time left) and the
+    # summary. A first build compiles every kernel (minutes on a small machine), so a user watching
+    # `pip install -v .` or ci/demo.sh must see it move. A line per cached kernel ("cached in
+    # 0.00 s", over a hundred of them on every install) told a reader nothing.
     setup = (f"{len(variants)} kernels ({args.lattice if not args.only else 'chosen'}) for {kc.ARCH}, DSL {kc.cutlass.__version__}, "
              f"flavour {args.flavour} (DSL: {dsl_flavour or 'unknown'}), cache {args.cache}")
+    missing = [v.name for v in variants if not _in_cache(v, args.cache)]
+    if missing:
+        print(f"[build_kernels] {setup}", flush=True)
+        print(f"[build_kernels] compiling the {len(missing)} kernels not in the cache, one at a time (1-2 s "
+              "each on one core; each line estimates the time left); cached, so rebuilding unchanged "
+              "kernels takes seconds", flush=True)
     start = time.perf_counter()
     rows = []
     compiled = 0
-    for i, variant in enumerate(variants, 1):
+    for variant in variants:
         t0 = time.perf_counter()
         try:
             hit = kc.compile_variant(variant, args.out, args.cache)
@@ -138,11 +168,10 @@ def main(argv=None) -> int:
             return 1
         rows.append((variant.name, kc.entry_symbols(variant, args.out / f"{variant.name}.h")))
         if not hit:
-            if compiled == 0:
-                print(f"[build_kernels] {setup}", flush=True)
             compiled += 1
-            print(f"[build_kernels] {i:>3}/{len(variants)} {variant.name:<40} compiled in "
-                  f"{time.perf_counter() - t0:6.2f} s", flush=True)
+            now = time.perf_counter()
+            print(f"[build_kernels] {_progress(compiled, len(missing), variant.name, now - t0, now - start)}",
+                  flush=True)
 
     (args.out / "kernel_table.h").write_text(_kernel_table(rows))
     (args.out / "objects.txt").write_text("".join(f"{args.out / name}.o\n" for name, _ in rows))
@@ -170,7 +199,7 @@ def main(argv=None) -> int:
     took = time.perf_counter() - start
     if compiled:
         print(f"[build_kernels] done: {len(variants)} kernels, {compiled} compiled and "
-              f"{len(variants) - compiled} from the cache, in {took:.1f} s", flush=True)
+              f"{len(variants) - compiled} from the cache, in {_clock(took)}", flush=True)
     else:
         print(f"[build_kernels] {setup}: all from the cache, in {took:.1f} s", flush=True)
     return 0

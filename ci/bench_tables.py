@@ -1,16 +1,24 @@
-"""The benchmark tables of README.md and docs/benchmarks.md, generated from one JSON.
+"""The benchmark figures of the docs, generated from one JSON record.
 
     python ci/bench_tables.py [--json docs/bench/h200.json] [--check]
 
-docs/bench/h200.json is what `python -m kda_aot.bench --json FILE` writes. The generator rewrites
-what lies between the markers
+docs/bench/h200.json is what `python -m kda_aot.bench --json FILE` writes, plus the host-cost
+records of the entry points (`host_cost_records`, from `python -m kda_aot.bench --contract-cost`,
+`python -m kda_aot.bench_op` and ci/host_breakdown.py, added to the record by hand with their
+dates and commands). The generator rewrites what lies between the markers
 
     README.md:          <!-- BENCH:README --> ... <!-- /BENCH:README -->
     docs/benchmarks.md: <!-- BENCH:TABLES --> ... <!-- /BENCH:TABLES -->
+                        <!-- BENCH:HOST --> ... <!-- /BENCH:HOST -->
+    docs/gate_forms.md: <!-- BENCH:GATE_FORMS --> ... <!-- /BENCH:GATE_FORMS -->
 
 README: one table, the safe gate per input class: kda-aot's CUDA-graph time beside FlashKDA,
 FLA and cuDNN's engine. docs/benchmarks.md: every row (kernels, eager and graph times per class
-and gate form, the peers, accuracy against float64 where the JSON has it) and the host costs.
+and gate form, the peers, accuracy against float64 where the JSON has it), the ratios the prose
+refers to, the run's notes and host costs; then the entry points' host-cost records.
+docs/gate_forms.md: each gate form's time against the safe gate, the accurate mode and the peers.
+Prose elsewhere cites these tables instead of restating a figure; tests/cpu/test_doc_figures.py
+fails on a restated one.
 With --check nothing is written: it exits 1 naming the first file that differs and its first
 differing line. A file without its markers is an error (exit 1) in both modes.
 It reads both of the benchmark's JSON formats: a list of rows (the first, N(0, 1) gates and the
@@ -28,7 +36,13 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JSON = os.path.join("docs", "bench", "h200.json")
-TARGETS = (("README.md", "BENCH:README"), (os.path.join("docs", "benchmarks.md"), "BENCH:TABLES"))
+# Each generated block: its marker and the file that holds it.
+MARKERS = {"BENCH:README": "README.md", "BENCH:TABLES": os.path.join("docs", "benchmarks.md"),
+           "BENCH:HOST": os.path.join("docs", "benchmarks.md"),
+           "BENCH:GATE_FORMS": os.path.join("docs", "gate_forms.md")}
+FILES = tuple(dict.fromkeys(MARKERS.values()))
+# The uneven batch of FlashKDA's benchmark (kda_aot.bench.UNEVEN6), named "uneven6" in the tables.
+UNEVEN6 = [1300, 547, 2048, 963, 271, 3063]
 CLASS_NAMES = {"model": "model (FLA layer init)", "random": "random, N(0, 1)", "long": "long, g ~ N(-8, 1)"}
 
 
@@ -128,7 +142,11 @@ def tables_block(data: dict) -> str:
             ms(row.get("FLA ms")), cudnn, err(row.get("error kda-aot")), err(row.get("error cuDNN")),
             err(row.get("error FLA"))]) + " |")
     lines += ["", "ms per call. Errors: relative RMSE of the output and the final state against the float64 gold "
-              "(bf16 final states for kda-aot and cuDNN, fp32 for FLA)."]
+              "(bf16 final states for kda-aot and cuDNN, fp32 for FLA). uneven6: the six packed sequences "
+              f"{UNEVEN6} ({sum(UNEVEN6)} tokens). -: not measured on that row in this run (the notes say why)."]
+    summary = ratio_lines(data)
+    if summary:
+        lines += [""] + [f"- {line}" for line in summary]
     notes = sorted({row["cuDNN note"] for row in rows if row.get("cuDNN note")})
     notes = list(data.get("notes", [])) + [f"cuDNN: {n}" for n in notes]
     if notes:
@@ -136,6 +154,105 @@ def tables_block(data: dict) -> str:
     if data.get("host_cost"):
         lines += ["", "| host us per call (fresh tensors) | us |", "|---|---|"]
         lines += [f"| {label} | {us:.1f} |" for label, us in data["host_cost"]]
+    return "\n".join(lines)
+
+
+def span(values, fmt: str = "{:.2f}") -> str:
+    """`a-b` of the values (one value when they agree at the format's precision)."""
+    lo, hi = fmt.format(min(values)), fmt.format(max(values))
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def ratio_lines(data: dict) -> list:
+    """The ratios the prose of docs/benchmarks.md and README.md refers to, from the rows: cuDNN's
+    engine against kda-aot per input class (graph replay, the same gate form) and the floors' copy
+    bandwidth. Not the accurate mode's ratio: docs/numerics.md ("What accurate costs") holds the
+    released kernels' figures, which may be newer than the record's run."""
+    lines = []
+    by_class = {}
+    for row in data["rows"]:
+        if row.get("cuDNN graph ms") is not None and row.get("graph ms"):
+            by_class.setdefault(row["gates"], []).append(row["cuDNN graph ms"] / row["graph ms"])
+    if by_class:
+        lines.append("cuDNN's engine against kda-aot (graph replay, the same gate form): " + "; ".join(
+            f"{span(r)}x kda-aot's time on {CLASS_NAMES.get(c, c)} gates" for c, r in by_class.items()) + ".")
+    if data.get("copy_bandwidth_TBps"):
+        lines.append(f"floor: the row's DRAM bytes at the device-to-device copy bandwidth of this run, "
+                     f"{data['copy_bandwidth_TBps']:.2f} TB/s.")
+    return lines
+
+
+def host_block(data: dict) -> str:
+    """The entry points' host-cost records: one table per record, with its date and command."""
+    records = data.get("host_cost_records") or []
+    if not records:
+        return "No host-cost records of the entry points in this JSON."
+    lines = []
+    for rec in records:
+        columns = rec.get("columns") or ["us"]
+        lines += [f"**{rec['title']}** ({rec.get('machine', '?')}, {rec.get('date', '?')}, `{rec['command']}`): "
+                  f"{rec['what']}.", "",
+                  "| call | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+        lines += [f"| {label} | " + " | ".join(f"{us:.1f}" for us in values) + " |" for label, values in rec["rows"]]
+        if rec.get("note"):
+            lines += ["", rec["note"]]
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+GATE_FORM_ORDER = ("safe", "sigmoid", "softplus", "log_decay")
+
+
+def gate_forms_block(data: dict) -> str:
+    """Per shape and gate form: kda-aot's graph time on model gates against the safe gate's, FLA and
+    cuDNN's engine; then random gates. (The accurate mode's cost is docs/numerics.md's.)"""
+    rows = data["rows"]
+    index = {(r["H"], r["sequences"], r["gates"], r["gate"]): r for r in rows}
+    shapes = list(dict.fromkeys((r["H"], r["sequences"]) for r in rows))
+    forms = [f for f in GATE_FORM_ORDER if any(r["gate"] == f for r in rows)]
+    lines = [provenance(data), "",
+             "| H, sequences | gate (g) | model gates: kda-aot | FLA chunk_kda | cuDNN engine "
+             "| random gates: kda-aot | cuDNN engine |", "|---|---|---|---|---|---|---|"]
+    vs_safe, vs_fla = [], []
+
+    def cudnn(row):
+        if row is None:
+            return "-"
+        if row.get("cuDNN graph ms") is not None:
+            return ms(row["cuDNN graph ms"])
+        return "n/a" if "in-kernel gate" in (row.get("cuDNN note") or "") else "-"
+
+    for H, key in shapes:
+        for form in forms:
+            model, random = index.get((H, key, "model", form)), index.get((H, key, "random", form))
+            if model is None and random is None:
+                continue
+            gate = form + (f" ({model['g dtype']})" if model and model.get("g dtype") else "")
+            cells = [f"{H} {seqs({'sequences': key})}", gate]
+            if model is not None:
+                safe = index.get((H, key, "model", "safe"))
+                cell = ms(model.get("graph ms"))
+                if form != "safe" and safe and safe.get("graph ms") and model.get("graph ms"):
+                    ratio = model["graph ms"] / safe["graph ms"]
+                    vs_safe.append(ratio)
+                    cell += f" ({ratio:.2f}x safe)"
+                if model.get("FLA ms") and model.get("graph ms"):
+                    vs_fla.append(model["FLA ms"] / model["graph ms"])
+                cells += [cell, ms(model.get("FLA ms")), cudnn(model)]
+            else:
+                cells += ["-", "-", "-"]
+            cells += [ms(random.get("graph ms")) if random else "-", cudnn(random)]
+            lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "ms per call: CUDA-graph replay for kda-aot and cuDNN's engine, FLA's `chunk_kda` eager. "
+              "n/a: the engine's in-kernel gate is the bounded sigmoid gate only. -: not measured on that "
+              "row in this run (docs/benchmarks.md's notes say why)."]
+    summary = []
+    if vs_safe:
+        summary.append(f"The other forms cost {span(vs_safe)}x the safe gate's time (model gates).")
+    if vs_fla:
+        summary.append(f"kda-aot runs {span(vs_fla, '{:.1f}')}x faster than FLA's `chunk_kda` where FLA was timed.")
+    if summary:
+        lines += ["", " ".join(summary)]
     return "\n".join(lines)
 
 
@@ -147,10 +264,19 @@ def replace_block(text: str, marker: str, block: str, name: str) -> str:
     return text[:i + len(start)] + "\n" + block + "\n" + text[j:]
 
 
+def blocks(data: dict) -> dict:
+    """{marker: generated text} of every block."""
+    return {"BENCH:README": readme_block(data), "BENCH:TABLES": tables_block(data), "BENCH:HOST": host_block(data),
+            "BENCH:GATE_FORMS": gate_forms_block(data)}
+
+
 def render(data: dict, texts: dict) -> dict:
     """{file name: new text} for `texts` ({file name: current text})."""
-    blocks = {"BENCH:README": readme_block(data), "BENCH:TABLES": tables_block(data)}
-    return {name: replace_block(texts[name], marker, blocks[marker], name) for name, marker in TARGETS}
+    new = dict(texts)
+    for marker, block in blocks(data).items():
+        name = MARKERS[marker]
+        new[name] = replace_block(new[name], marker, block, name)
+    return new
 
 
 def first_difference(name: str, old: str, new: str) -> str:
@@ -167,7 +293,7 @@ def main(argv=None, repo: str = REPO) -> int:
     args = parser.parse_args(argv)
     data = load(args.json)
     texts = {}
-    for name, _ in TARGETS:
+    for name in FILES:
         with open(os.path.join(repo, name)) as f:
             texts[name] = f.read()
     try:
@@ -175,7 +301,7 @@ def main(argv=None, repo: str = REPO) -> int:
     except KeyError as exc:
         print(f"ci/bench_tables.py: {exc.args[0]}", file=sys.stderr)
         return 1
-    for name, _ in TARGETS:
+    for name in FILES:
         if new[name] == texts[name]:
             continue
         if args.check:

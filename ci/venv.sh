@@ -59,7 +59,9 @@ venv_ensure_torch() {
     say "torch $("$PY" -c 'import torch; print(torch.__version__)') is already in the venv"
   else
     say "installing $TORCH_PIN into the venv (test and demo dependency)"
-    "$PY" -m pip install -q --disable-pip-version-check "$TORCH_PIN" 2>&1 | _pip_noise
+    # Several GB on a fresh machine: each download is shown with its size.
+    "$PY" -m pip install --disable-pip-version-check "$TORCH_PIN" 2>&1 \
+      | { grep -E --line-buffered '^ *Downloading |^Successfully installed' || true; }
   fi
 }
 
@@ -85,12 +87,38 @@ _tree_fingerprint() {
 # lists (".", ".[test] ..."), so a run of one does not undo the other's.
 INSTALL_STATE="$VENV/kda-install.state"
 
+# The progress of `pip install -v` (read on stdin): pip's steps (build requirements, the wheel
+# build, the final install), each download of a megabyte or more with its size (the CuTe DSL is
+# about 100 MB), CMake's kda-aot status lines and build_kernels' lines (one summary line for a
+# build served from the cache; otherwise a counter line per kernel compiled, with the time left),
+# each after the seconds since the install started. A first install takes minutes on a small
+# machine: it must not look stuck.
+_install_progress() {
+  local t0=$1 line
+  while IFS= read -r line; do
+    case $line in
+      *'[build_kernels]'* | *'-- kda-aot:'* | 'Successfully installed '* | *'Downloading '*' MB)' \
+        | *'Downloading '*' GB)' \
+        | *'Installing build dependencies: started'* | *'Installing backend dependencies: started'* \
+        | *'Building wheel for '*': started'* | 'Installing collected packages: '*) ;;
+      *) continue ;;
+    esac
+    line=${line#"${line%%[![:space:]]*}"}  # leading blanks off
+    case $line in
+      'Installing build dependencies'*) line="pip: installing the build requirements (scikit-build-core)" ;;
+      'Installing backend dependencies'*) line="pip: installing the build's own requirements (the CuTe DSL, CUDA's static runtime)" ;;
+      'Building wheel for '*) line="pip: building the wheel: CMake compiles the kernels, then links the library" ;;
+      'Installing collected packages: '*) line="pip: installing the wheel and its requirements" ;;
+    esac
+    printf '  %4d s  %s\n' $((SECONDS - t0)) "${line:0:200}"
+  done
+}
+
 # pip install of this source tree (plus any extra requirements), which compiles the kernels.
 # Skipped when this venv already holds the same install of the same tree (a warm demo spent 14 s
 # in a reinstall that changed nothing); KDA_REINSTALL=1 forces it.
 # pip hides a build's output unless -v; -v shows everything, so its output goes to INSTALL_LOG and
-# the terminal gets build_kernels' lines (one summary line for a build served from the cache, one
-# line per kernel compiled otherwise) and the CMake status lines. On failure the log's tail is shown.
+# the terminal gets its progress (_install_progress). On failure the log's tail is shown.
 venv_install_package() {
   local fingerprint wanted="$*"
   fingerprint=$(_tree_fingerprint)
@@ -101,13 +129,14 @@ venv_install_package() {
     say "the venv already holds $wanted from this tree (unchanged since; KDA_REINSTALL=1 reinstalls)"
     return 0
   fi
-  say "installing $* into the venv: compiling the kernels (about a second each, cached in" \
-      "${KDA_BUILD_CACHE:-$HOME/.cache/kda-aot-build}); full log in $INSTALL_LOG"
+  say "installing $* into the venv, which compiles the kernels: several minutes the first time on a" \
+      "small machine, seconds once they are cached in ${KDA_BUILD_CACHE:-$HOME/.cache/kda-aot-build};" \
+      "full log in $INSTALL_LOG"
   local t0=$SECONDS
   # Set aside, not kept: an interrupted install must not look finished.
   mv -f "$INSTALL_STATE" "$INSTALL_STATE.prev" 2>/dev/null || true
   if ! "$PY" -m pip install -v --disable-pip-version-check "$@" 2>&1 | tee "$INSTALL_LOG" \
-       | { grep --line-buffered -E '\[build_kernels\]|-- kda-aot:|^Successfully installed' || true; }; then
+       | _install_progress "$t0"; then
     say "pip install failed; the end of $INSTALL_LOG:"
     tail -n 40 "$INSTALL_LOG" | _pip_noise
     return 1

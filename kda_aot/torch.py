@@ -14,6 +14,21 @@ Importing this module registers:
     registered there.
 """
 
+# The torch releases this module is tested with (README.md, "Install"): the H200 machine's
+# 2.11.0+cu130, which the GPU scripts use (docs/bench/h200.json records it), and the 2.13.0 that
+# ci/venv.sh pins for the CPU tests.
+TESTED_TORCH = "2.11.0+cu130 (the GPU tests and the benchmark, on an H200) and 2.13.0 (the CPU tests)"
+
+try:
+    import torch as _torch  # noqa: F401  (the top-level torch: this file is kda_aot.torch)
+except ImportError as _exc:
+    # Without this, the first line a user reads is a bare "No module named 'torch'" from deep inside.
+    raise ImportError(
+        f"kda_aot.torch needs PyTorch, which is not importable here ({_exc}). It is tested with torch "
+        f"{TESTED_TORCH}; install a CUDA build of torch. Plain `import kda_aot` works without torch, "
+        "and kda_aot.prefill also takes CuPy and JAX arrays (docs/frameworks.md)."
+    ) from _exc
+
 from ._torch_ops import PREFILL, PREFILL_OUT, PREFILL_POOL, prefill
 from .fla_compat import chunk_kda
 from .flashkda_compat import FLASHKDA_FWD

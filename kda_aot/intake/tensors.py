@@ -97,6 +97,13 @@ def describe_dlpack(obj: Any, name: str, stream: int = -1) -> TensorDesc:
         # path passes its own stream (frameworks.consumer_stream).
         view = StridedMemoryView.from_dlpack(obj, stream_ptr=stream)
     except Exception as exc:  # the producer refused (e.g. an unsupported dtype)
+        if type(obj).__module__ == "numpy":
+            # NumPy refuses to export bfloat16 (ml_dtypes) through DLPack, with a message about
+            # NumPy's dtypes that says nothing about what to pass instead.
+            raise TypeError(f"{name}: a NumPy array is host memory, which the kernels cannot read, and nothing "
+                            "is copied to the device: pass a device array (a torch CUDA tensor, a CuPy array or "
+                            f"a JAX array on the GPU). NumPy's DLPack export also refused its dtype "
+                            f"{getattr(obj, 'dtype', '?')}: {exc}") from exc
         raise TypeError(f"{name}: could not be read through DLPack: {exc}") from exc
     try:
         # The view converts the DLPack dtype code lazily, here; a code numpy has no name for

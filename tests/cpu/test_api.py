@@ -29,6 +29,16 @@ def test_final_state_buffer_requires_output_final_state():
                         final_state=np.empty((1, 2, 128, 128), np.float32))
 
 
+def test_numpy_bf16_says_to_pass_a_device_array():
+    """A NumPy bfloat16 array (ml_dtypes), which NumPy cannot export through DLPack: the error names
+    the argument and what to pass instead, not NumPy's list of exportable dtypes."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = _inputs()
+    q = x["q"].astype(ml_dtypes.bfloat16)
+    with pytest.raises(TypeError, match=r"^q: a NumPy array is host memory.*pass a device array"):
+        kda_aot.prefill(q, x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"])
+
+
 def test_non_tensor_is_refused():
     x = _inputs()
     with pytest.raises(TypeError, match=r"^v: expected a DLPack tensor"):

@@ -74,8 +74,8 @@ def test_the_first_json_format_renders_as_random_safe_rows():
 
 def _repo_copy(tmp_path, data):
     (tmp_path / "docs" / "bench").mkdir(parents=True)
-    shutil.copy(REPO / "README.md", tmp_path / "README.md")
-    shutil.copy(REPO / "docs" / "benchmarks.md", tmp_path / "docs" / "benchmarks.md")
+    for name in bt.FILES:
+        shutil.copy(REPO / name, tmp_path / name)
     (tmp_path / "docs" / "bench" / "h200.json").write_text(json.dumps(data))
     return tmp_path
 

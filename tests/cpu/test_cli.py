@@ -64,6 +64,45 @@ def test_package_main_prints_info_and_the_commands():
         assert f"python -m {tool} " in out, (tool, out)
 
 
+def test_package_main_says_whether_it_can_run_here():
+    """After info(), one plain line: "can run here: ..." or "cannot run here: <why>"; without a
+    device it names what still runs (the demo's CPU reference)."""
+    import kda_aot
+
+    lines = _run("kda_aot", block_torch=True).stdout.splitlines()
+    verdicts = [line for line in lines if line.startswith(("can run here: ", "cannot run here: "))]
+    assert len(verdicts) == 1, lines
+    info = kda_aot.info()
+    if info.get("library") is None or not info.get("devices"):
+        assert verdicts[0].startswith("cannot run here: ") and "python -m kda_aot.demo" in verdicts[0], verdicts
+
+
+def test_package_main_verdicts(monkeypatch):
+    """The verdict for each kind of machine, on made-up info() results and capabilities."""
+    from kda_aot import __main__ as main
+    from kda_aot.library import streams
+
+    assert main.verdict({"library": None, "error": "no libkda"}) == (
+        "cannot run here: the kernel library did not load (no libkda)")
+    assert "no NVIDIA driver" in main.verdict({"library": "x", "devices": 0, "device_error": "no NVIDIA driver found"})
+    monkeypatch.setattr(streams, "compute_capability", lambda i: (8, 0) if i == 0 else (9, 0))
+    assert main.verdict({"library": "x", "devices": 1}).startswith("cannot run here: no Hopper GPU (cuda:0 is sm_80)")
+    assert main.verdict({"library": "x", "devices": 2}) == "can run here: on cuda:1 (Hopper, sm_90)"
+
+
+def test_kda_aot_torch_without_torch_says_what_it_needs():
+    """`import kda_aot.torch` without torch: an ImportError that names kda_aot.torch, the tested
+    torch releases and that plain `import kda_aot` works, not a bare "No module named 'torch'"."""
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import kda_aot\n"  # works without torch
+            "try:\n    import kda_aot.torch\nexcept ImportError as exc:\n    print(exc)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", timeout=120)
+    assert result.returncode == 0, result.stderr
+    message = result.stdout
+    assert message.startswith("kda_aot.torch needs PyTorch"), message
+    assert "2.13.0" in message and "import kda_aot" in message, message
+
+
 def test_package_main_refuses_arguments():
     result = _run("kda_aot", "--bogus", block_torch=True)
     assert result.returncode == 2, result.stdout + result.stderr
