@@ -155,7 +155,8 @@ class K1Config:
     strided: q, k, g and beta are read at the stride arguments (strided views); without it they
     are contiguous [T, H, 128] / [T, H] and one row offset (token * H + head) serves all three
     row loads (the stride arguments are unread). The contiguous K1 is a kernel of its own because
-    the per-tensor stride products cost it 0.9-2.6 % (docs/api.md, "Strided inputs")."""
+    the per-tensor stride products cost it 0.9-2.6 % (docs/design.md, "K1: a contiguous kernel and
+    a strided twin")."""
 
     accurate: bool = False
     gate_form: int = GATE_SAFE

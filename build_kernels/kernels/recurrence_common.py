@@ -262,9 +262,10 @@ def produce_tile(full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, i: In
     armed bytes are those copies' (a compile-time sum) plus m * v_bytes.
     rows_by_add: each row's address is the last one's plus row_step, else v_row0 + token * row_step
     per row. The choice moves ptxas's schedule of the whole kernel, so each kernel takes the form
-    that measured fastest for it (docs/api.md, "Cost"): the add at the register-state K2's VB=128
-    (its producer warpgroup then keeps 24 registers), the product everywhere else (pre_scan ran
-    7.5% slower with the add, H=12 [32768], Nsight Compute).
+    that measured fastest for it (docs/design.md, "The producer's v-row address, chosen per
+    kernel"): the add at the register-state K2's VB=128 (its producer warpgroup then keeps 24
+    registers), the product everywhere else (pre_scan ran 7.5% slower with the add, H=12 [32768],
+    Nsight Compute).
     """
     s = wait_stage_empty(empty, i)
     start = tok0 + i * CHUNK
