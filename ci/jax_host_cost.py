@@ -19,9 +19,14 @@ import argparse
 import ctypes as C
 import statistics
 import struct
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import xla_ffi as ffi  # noqa: E402 - tests/xla_ffi.py: XLA's FFI structs as ctypes
 
 
 def timed(fn, done, calls=100, repeats=7) -> float:
@@ -38,87 +43,22 @@ def timed(fn, done, calls=100, repeats=7) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-# the ctypes-callback handler: XLA's FFI structs (API 0.1) as ctypes, the handler's work in Python
-
-class Ext(C.Structure):
-    _fields_ = [("struct_size", C.c_size_t), ("type", C.c_int32), ("next", C.c_void_p)]
-
-
-class Version(C.Structure):
-    _fields_ = [("struct_size", C.c_size_t), ("ext", C.c_void_p), ("major", C.c_int32), ("minor", C.c_int32)]
-
-
-class Metadata(C.Structure):
-    _fields_ = [("struct_size", C.c_size_t), ("api_version", Version), ("traits", C.c_uint32)]
-
-
-class MetadataExt(C.Structure):
-    _fields_ = [("base", Ext), ("metadata", C.POINTER(Metadata))]
-
-
-class Buffer(C.Structure):
-    _fields_ = [("struct_size", C.c_size_t), ("ext", C.c_void_p), ("dtype", C.c_int32), ("data", C.c_void_p),
-                ("rank", C.c_int64), ("dims", C.c_void_p)]
-
-
-class List(C.Structure):
-    _fields_ = [("struct_size", C.c_size_t), ("ext", C.c_void_p), ("size", C.c_int64),
-                ("types", C.POINTER(C.c_int32)), ("items", C.POINTER(C.POINTER(Buffer)))]
-
-
-class Bytes(C.Structure):
-    _fields_ = [("ptr", C.c_void_p), ("len", C.c_size_t)]
-
-
-class Array(C.Structure):
-    _fields_ = [("dtype", C.c_int32), ("size", C.c_size_t), ("data", C.c_void_p)]
-
-
-class Attrs(C.Structure):
-    _fields_ = [("struct_size", C.c_size_t), ("ext", C.c_void_p), ("size", C.c_int64),
-                ("types", C.POINTER(C.c_int32)), ("names", C.POINTER(C.POINTER(Bytes))),
-                ("attrs", C.POINTER(C.c_void_p))]
-
-
-class StreamArgs(C.Structure):
-    _fields_ = [("struct_size", C.c_size_t), ("ext", C.c_void_p), ("ctx", C.c_void_p), ("stream", C.c_void_p)]
-
-
-class Api(C.Structure):
-    _fields_ = [("struct_size", C.c_size_t), ("ext", C.c_void_p), ("api_version", Version),
-                ("internal", C.c_void_p), ("error_create", C.c_void_p), ("get_message", C.c_void_p),
-                ("destroy", C.c_void_p), ("register", C.c_void_p),
-                ("stream_get", C.CFUNCTYPE(C.c_void_p, C.POINTER(StreamArgs)))]
-
-
-class Frame(C.Structure):
-    _fields_ = [("struct_size", C.c_size_t), ("ext", C.POINTER(Ext)), ("api", C.POINTER(Api)),
-                ("ctx", C.c_void_p), ("stage", C.c_int32), ("args", List), ("rets", List), ("attrs", Attrs),
-                ("future", C.c_void_p)]
-
-
-HANDLER = C.CFUNCTYPE(C.c_void_p, C.POINTER(Frame))
-
+# the ctypes-callback handler: the work of kda_xla.c in Python, over XLA's structs as ctypes
 
 def ctypes_handler(lib):
-    """The handler as a Python function: the work of kda_xla.c, attribute by attribute."""
+    """The handler as a Python function behind a ctypes pointer."""
     device = C.c_int32(0)
 
     def handle(frame_ptr):
         frame = frame_ptr.contents
-        if frame.ext and frame.ext.contents.type == 1:  # metadata: API 0.1, no traits
-            meta = C.cast(frame.ext, C.POINTER(MetadataExt)).contents.metadata.contents
+        if frame.ext and frame.ext.contents.type == ffi.METADATA_EXTENSION:  # API 0.1, no traits
+            meta = C.cast(frame.ext, C.POINTER(ffi.MetadataExt)).contents.metadata.contents
             meta.api_version.major, meta.api_version.minor = 0, 1
             return None
-        found = {}
-        attrs = frame.attrs
-        for i in range(attrs.size):
-            name = attrs.names[i].contents
-            found[C.string_at(name.ptr, name.len)] = C.cast(attrs.attrs[i], C.POINTER(Array)).contents
-        steps, slots, inputs = found[b"steps"], found[b"slots"], found[b"inputs"]
-        io = (C.c_int32 * 4).from_address(inputs.data)
-        n_inputs, ws_slot, ws_align, stream_slot = io[0], io[1], io[2], io[3]
-        slot_of = (C.c_int32 * found[b"buffers"].size).from_address(found[b"buffers"].data)
+        found = ffi.attributes(frame)
+        steps, slots, inputs, buffers = found[b"steps"], found[b"slots"], found[b"inputs"], found[b"buffers"]
+        n_inputs, ws_slot, ws_align, stream_slot = (C.c_int32 * 4).from_address(inputs.data)
+        slot_of = (C.c_int32 * buffers.size).from_address(buffers.data)
         vector = [0] * n_inputs
         for i in range(frame.args.size + frame.rets.size):
             lst, j = (frame.args, i) if i < frame.args.size else (frame.rets, i - frame.args.size)
@@ -126,7 +66,7 @@ def ctypes_handler(lib):
             if slot >= 0:
                 ptr = lst.items[j].contents.data or 0
                 vector[slot] = (ptr + ws_align - 1) & ~(ws_align - 1) if slot == ws_slot else ptr
-        args = StreamArgs(C.sizeof(StreamArgs), None, frame.ctx, None)
+        args = ffi.StreamArgs(C.sizeof(ffi.StreamArgs), None, frame.ctx, None)
         frame.api.contents.stream_get(C.byref(args))
         vector[stream_slot] = args.stream or 0
         lib._lib.kda_get_device(C.byref(device))
@@ -136,7 +76,7 @@ def ctypes_handler(lib):
             raise RuntimeError(f"kda_run failed: {code}")
         return None
 
-    return HANDLER(handle)
+    return ffi.HANDLER(handle)
 
 
 # ---------------------------------------------------------------------------------------------
