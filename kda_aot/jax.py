@@ -21,6 +21,7 @@ missing backward.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import re
 import threading
@@ -302,9 +303,19 @@ def _register(platform: str = "CUDA") -> str:
     name = "kda_aot_prefill_" + str(lib.manifest.get("abi_hash", ""))[:16]
     with _REGISTER_LOCK:
         if name not in _REGISTERED:
-            jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(lib.xla_handler()), platform="CUDA", api_version=1)
+            jax.ffi.register_ffi_target(name, _capsule(lib.xla_handler()), platform="CUDA", api_version=1)
             _REGISTERED.add(name)
     return name
+
+
+def _capsule(function) -> Any:
+    """A PyCapsule of a ctypes function pointer, as jax.ffi.pycapsule makes it, through a function
+    object of our own: jax.ffi.pycapsule sets the argtypes of the process's shared
+    ctypes.pythonapi.PyCapsule_New, which other code (kda_aot's DLPack export among it) also calls."""
+    new = ctypes.pythonapi["PyCapsule_New"]
+    new.restype = ctypes.py_object
+    new.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
+    return new(ctypes.cast(function, ctypes.c_void_p), None, None)
 
 
 __all__ = ["prefill", "JAX_MIN", "SUPPORTED"]

@@ -299,21 +299,26 @@ for _ in range(3):  # replays with new inputs: the graph is updated with new buf
     print("same bits:", same)
     if not same:
         sys.exit(1)
-sys.exit(0 if "command_buffer" in text else 2)
+sys.exit(0)
 """
 
 
-def test_command_buffers_capture_the_custom_call(jax, kj):
+def test_command_buffers_capture_the_custom_call(jax, kj, tmp_path):
     """XLA_FLAGS asks XLA to put fusions and custom calls into command buffers (CUDA graphs),
     even a graph of one command; the handler declares itself command-buffer compatible, so the
-    compiled module holds a command buffer, and replaying it with new inputs gives the eager bits.
-    A subprocess: XLA reads XLA_FLAGS when its backend starts."""
-    env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + COMMAND_BUFFER_FLAGS).strip())
+    compiled module (its HLO, or the dump of its thunks where XLA forms command buffers from
+    thunks) holds a command buffer, and replaying it with new inputs gives the eager bits. A
+    subprocess: XLA reads XLA_FLAGS when its backend starts."""
+    flags = f"{COMMAND_BUFFER_FLAGS} --xla_dump_to={tmp_path}"
+    env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + flags).strip())
     run = subprocess.run([sys.executable, "-c", textwrap.dedent(_COMMAND_BUFFER_SCRIPT)], env=env,
                          capture_output=True, text=True, timeout=240)
     print(run.stdout, run.stderr[-3000:])
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
     assert "target: True" in run.stdout and "same bits: True" in run.stdout
+    dumped = [p.name for p in tmp_path.rglob("*") if p.is_file() and "command_buffer" in p.read_text(errors="ignore")]
+    print("dump files that name a command buffer:", dumped[:10])
+    assert "command buffer: True" in run.stdout or dumped, "XLA formed no command buffer"
 
 
 # ---------------------------------------------------------------------------------------------
