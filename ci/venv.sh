@@ -65,6 +65,24 @@ venv_ensure_torch() {
   fi
 }
 
+# JAX's CPU wheel, for the CPU tests of kda_aot.jax (tests/cpu/test_jax.py: the trace-time checks and
+# refusals; the jitted calls need a GPU). Pinned to the release that lies on the CI machine's disk
+# (/opt/pypi/files: jax and jaxlib, about 90 MB, installed in some 20 s, nothing downloaded); an
+# unpinned install would fetch whatever is newest. KDA_WITH_JAX=0 leaves it out (the tests then
+# skip, saying so); a JAX already in the venv (a CUDA build, say) is kept.
+JAX_PIN="jax==0.10.2"
+venv_ensure_jax() {
+  if [[ ${KDA_WITH_JAX:-1} == 0 ]]; then
+    say "KDA_WITH_JAX=0: no JAX installed; the JAX tests skip, saying so"
+  elif "$PY" -c "import jax" 2>/dev/null; then
+    say "JAX $("$PY" -c 'import jax; print(jax.__version__)') is already in the venv"
+  else
+    say "installing $JAX_PIN (its CPU wheel) into the venv (test dependency)"
+    "$PY" -m pip install -q --disable-pip-version-check "$JAX_PIN" 2>&1 | _pip_noise || \
+      say "could not install $JAX_PIN: the JAX tests skip, saying so"
+  fi
+}
+
 # What an install of this tree depends on, as one hash: the content of every file git tracks or
 # would track (untracked files that .gitignore does not exclude), the build's environment
 # variables and the venv's Python. Empty outside a git checkout (an unpacked sdist), where every

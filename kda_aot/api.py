@@ -157,6 +157,15 @@ def _plan_for(tensors, sig, ptrs, descs, options, pool_stride) -> CallPlan:
 def _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split,
                 checkpoint_every=None, numerics="flashkda", form=("safe", "logits", False)) -> CallPlan:
     """The whole wall on this call's descriptions, then the plan (raises naming the argument)."""
+    problem, lengths = _checked_problem(descs, lower_bound, scale, output_final_state, cp, hint, value_split,
+                                        checkpoint_every, numerics, form)
+    return _plan(descs, problem, lengths, value_split)
+
+
+def _checked_problem(descs, lower_bound, scale, output_final_state, cp, hint, value_split,
+                     checkpoint_every=None, numerics="flashkda", form=("safe", "logits", False)):
+    """The whole wall: (problem, host lengths or None), or an error naming the argument. Reads
+    descriptions only, so it needs no GPU (kda_aot.jax runs it while JAX traces)."""
     t = dict(zip(arguments.TENSOR_ARGS, descs))
     problem = validate_prefill(**{name: t[name] for name in prefill_args.NAMES}, lower_bound=lower_bound,
                                scale=scale, cp=cp, checkpoint_every=checkpoint_every, numerics=numerics,
@@ -177,6 +186,13 @@ def _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_s
     lengths = arguments.hint_lengths(hint, problem.N, problem.T) if problem.varlen else (problem.T,) * problem.B
     if value_split is not None and value_split not in (1, 2, 4):
         raise ValueError(f"value_split: expected 1, 2 or 4, got {value_split!r}")
+    return problem, lengths
+
+
+def _plan(descs, problem, lengths, value_split) -> CallPlan:
+    """The plan of a problem the wall accepted, on its device (the first use of a device reads its
+    architecture and SM count)."""
+    t = dict(zip(arguments.TENSOR_ARGS, descs))
     lib = get_library()
     streams.check_architecture(problem.device_id)
     sms = streams.sm_count(problem.device_id) if problem.N and problem.H else 1

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kda_program.h"
 #include "kernel_table.h"
 
 #define KDA_API __attribute__((visibility("default")))
@@ -87,15 +88,14 @@ KDA_API int32_t kda_launch(int32_t i, void **args, int32_t n) {
  * as (src >= 0 ? inputs[src] : 0) + add: a caller's pointer (plus a workspace offset), or a
  * constant (an int32 or float keeps its bit pattern in the low bytes, which is where a little-endian
  * reader of the argument finds it). The program is built once per problem shape and never written
- * again, so threads share it; `inputs` holds this call's pointers and stream. Returns 0, or the
- * CUDA error of the step that failed with that step's index in bits 16 and up. */
-typedef struct { int32_t kernel, first, count, reserved; } kda_step;
-typedef struct { int32_t src, reserved; int64_t add; } kda_slot;
+ * again, so threads share it; `inputs` holds this call's pointers and stream. kda_run selects the
+ * tensors' device around the launches; the XLA handler (kda_xla.c) runs on the device XLA made
+ * current. */
 
 /* KDA_MAX_SLOTS comes with kernel_table.h, from build_kernels/abi_constants.py (MAX_SLOTS). */
 
-KDA_API int32_t kda_run(int32_t device, const kda_step *steps, int32_t n_steps, const kda_slot *slots,
-                        int32_t n_slots, const uint64_t *inputs, int32_t n_inputs) {
+int32_t kda_run_program(const kda_step *steps, int32_t n_steps, const kda_slot *slots, int32_t n_slots,
+                        const uint64_t *inputs, int32_t n_inputs) {
   if (n_slots < 0 || n_slots > KDA_MAX_SLOTS || n_steps < 0) return (int32_t)cudaErrorInvalidValue;
   uint64_t values[KDA_MAX_SLOTS];
   for (int32_t j = 0; j < n_slots; ++j) {
@@ -103,25 +103,28 @@ KDA_API int32_t kda_run(int32_t device, const kda_step *steps, int32_t n_steps, 
     if (src >= n_inputs) return (int32_t)cudaErrorInvalidValue;
     values[j] = (src >= 0 ? inputs[src] : 0) + (uint64_t)slots[j].add;
   }
-  int previous = -1;
-  cudaError_t err = cudaGetDevice(&previous);
-  if (err != cudaSuccess) return (int32_t)err;
-  if (previous != device && (err = cudaSetDevice(device)) != cudaSuccess) return (int32_t)err;
-  int32_t result = 0;
-  for (int32_t s = 0; s < n_steps && result == 0; ++s) {
+  for (int32_t s = 0; s < n_steps; ++s) {
     const kda_step *step = &steps[s];
     if (step->kernel < 0 || step->kernel >= KDA_KERNEL_COUNT || step->count < 0 || step->count >= KDA_MAX_ARGS ||
-        step->first < 0 || step->first + step->count > n_slots) {
-      result = (int32_t)cudaErrorInvalidValue | (s << 16);
-      break;
-    }
+        step->first < 0 || step->first + step->count > n_slots)
+      return (int32_t)cudaErrorInvalidValue | (s << 16);
     void *packed[KDA_MAX_ARGS + 1];
     int32_t ret = 0;
     for (int32_t a = 0; a < step->count; ++a) packed[a] = &values[step->first + a];
     packed[step->count] = &ret;
     kda_kernel_table[step->kernel].call(packed, step->count + 1);
-    if (ret) result = ret | (s << 16);
+    if (ret) return ret | (s << 16);
   }
+  return 0;
+}
+
+KDA_API int32_t kda_run(int32_t device, const kda_step *steps, int32_t n_steps, const kda_slot *slots,
+                        int32_t n_slots, const uint64_t *inputs, int32_t n_inputs) {
+  int previous = -1;
+  cudaError_t err = cudaGetDevice(&previous);
+  if (err != cudaSuccess) return (int32_t)err;
+  if (previous != device && (err = cudaSetDevice(device)) != cudaSuccess) return (int32_t)err;
+  int32_t result = kda_run_program(steps, n_steps, slots, n_slots, inputs, n_inputs);
   if (previous != device) cudaSetDevice(previous);
   return result;
 }

@@ -100,13 +100,16 @@ def _versioned_deleter(address: int) -> None:
 _LEGACY_DELETER = _DELETER(_legacy_deleter)
 _VERSIONED_DELETER = _DELETER(_versioned_deleter)
 
-_capsule_new = ctypes.pythonapi.PyCapsule_New
+# Function objects of our own (pythonapi[name] makes a new one; pythonapi.name is one shared by the
+# process): jax.ffi.pycapsule sets other argtypes on the shared PyCapsule_New, which broke every
+# export made after it (seen on the H200 once kda_aot.jax had registered its target).
+_capsule_new = ctypes.pythonapi["PyCapsule_New"]
 _capsule_new.restype = ctypes.py_object
 _capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-_capsule_is_valid = ctypes.pythonapi.PyCapsule_IsValid
+_capsule_is_valid = ctypes.pythonapi["PyCapsule_IsValid"]
 _capsule_is_valid.restype = ctypes.c_int
 _capsule_is_valid.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer = ctypes.pythonapi["PyCapsule_GetPointer"]
 _capsule_pointer.restype = ctypes.c_void_p
 _capsule_pointer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
 

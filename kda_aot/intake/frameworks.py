@@ -16,7 +16,7 @@ design; in short:
   allocates (cuda.core, stream-ordered on the call's stream) and hands to JAX through DLPack
   (dlpack_export.py), freed after JAX lets go of it (pending.py).
 * JAX arrays are immutable, so a JAX array as out=, final_state= or workspace= is refused naming
-  it, and so is a JAX tracer anywhere (prefill is an eager call, not a jax.jit primitive).
+  it, and so is a JAX tracer anywhere (prefill is an eager call; kda_aot.jax.prefill is the one for jax.jit).
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ def check_argument(obj: Any, name: str) -> None:
     jax = sys.modules.get("jax")
     if jax is not None and isinstance(obj, jax.core.Tracer):
         raise TypeError(f"{name}: a JAX tracer (inside jax.jit, vmap, grad, ...): kda_aot.prefill runs eagerly on "
-                        "concrete device arrays and is not a JAX primitive; call it outside jit "
-                        "(docs/frameworks.md)")
+                        "concrete device arrays; inside jit call kda_aot.jax.prefill, an XLA custom call, or call "
+                        "kda_aot.prefill outside jit (docs/frameworks.md)")
     if name in _OUTPUTS:
         raise TypeError(f"{name}: a JAX array is immutable and kda_aot writes {name} in place; leave {name} out "
                         "(kda_aot then allocates it and returns a new JAX array)")

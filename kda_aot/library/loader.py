@@ -142,6 +142,11 @@ class KernelLibrary:
         """kda_run (build_kernels/shim/kda_shim.c): 0, or the failing step's CUDA error | step << 16."""
         return self._run(device_id, steps_ptr, n_steps, slots_ptr, n_slots, inputs, n_inputs)
 
+    def xla_handler(self):
+        """kda_xla_prefill (build_kernels/shim/kda_xla.c), the XLA FFI handler of kda_aot.jax, as a
+        ctypes function pointer into this loaded library (jax.ffi.pycapsule wraps it)."""
+        return self._lib.kda_xla_prefill
+
     def raise_run_error(self, code: int, kernel_names) -> None:
         step, err = code >> 16, code & 0xFFFF
         name = kernel_names[step] if 0 <= step < len(kernel_names) else f"step {step}"

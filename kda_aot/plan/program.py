@@ -126,6 +126,14 @@ class Program:
         self._frozen = True
         return self
 
+    def tables(self) -> Tuple[np.ndarray, np.ndarray]:
+        """The steps and the slots as flat int32 and int64 arrays holding the rows kda_run reads
+        (STEP_DTYPE, SLOT_DTYPE): the XLA handler takes them as the custom call's attributes."""
+        if not self._frozen:
+            raise RuntimeError("a Program has tables once finished")
+        return (self._steps_arr[:self._n_steps].view(np.int32).reshape(-1).copy(),
+                self._slots_arr[:self._n_slots].view(np.int64).reshape(-1).copy())
+
     def run(self, inputs: bytes) -> None:
         """Launch every step on the stream in `inputs` (pack_inputs), in one native call."""
         if not self._n_steps:

@@ -12,9 +12,15 @@ __init__ is its package name ("plan"). Roles (CONTRIBUTING.md, "Layout"):
 """
 
 import ast
+import re
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
 PKG = Path(__file__).resolve().parents[2] / "kda_aot"
+BUILD = Path(__file__).resolve().parents[2] / "build_kernels"
 
 # The commands: they may import anything, and nothing but another command imports them.
 TOOLS = {"__main__", "bench", "bench_op", "profile", "demo", "cli_checks"}
@@ -166,3 +172,28 @@ def test_the_layering_check_finds_an_upward_import():
              "api": ["bench"], "bench": ["api"]}
     assert sorted(layering_violations(graph)) == [("api", "bench"), ("library.loader", "api"),
                                                   ("plan.launcher", "intake.validation")]
+
+
+def _imported_by(statement: str, modules=("jax", "jaxlib", "torch")):
+    """The modules of `modules` that a fresh interpreter holds after `statement`."""
+    code = f"import sys; {statement}; print(sorted(m for m in {modules!r} if m in sys.modules))"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert run.returncode == 0, run.stderr
+    return eval(run.stdout.strip().splitlines()[-1])
+
+
+def test_import_kda_aot_imports_neither_jax_nor_torch():
+    assert _imported_by("import kda_aot; import kda_aot.api, kda_aot.intake.frameworks") == []
+
+
+def test_kda_aot_jax_imports_jax_and_not_torch():
+    pytest.importorskip("jax", reason="JAX is not installed (ci/test.sh installs its CPU wheel)")
+    assert _imported_by("import kda_aot.jax") == ["jax", "jaxlib"]
+
+
+def test_the_build_never_imports_jax():
+    """The XLA handler is plain C against declarations of its own (build_kernels/shim/xla_ffi_abi.h):
+    no JAX, jaxlib or XLA header at build time."""
+    found = [f"{p.relative_to(BUILD)}" for p in BUILD.rglob("*") if p.suffix in (".py", ".c", ".h", ".txt")
+             and re.search(r"^\s*(import|from)\s+jax|#include\s+[<\"]xla/", p.read_text(), re.M)]
+    assert found == []

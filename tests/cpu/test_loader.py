@@ -96,4 +96,4 @@ def test_library_exports_only_the_shim():
     symbols = {line.split()[-1] for line in out.splitlines() if line.strip()}
     assert symbols == {"kda_kernel_count", "kda_kernel_name", "kda_error_string", "kda_error_name",
                        "kda_device_count", "kda_set_device", "kda_get_device", "kda_load", "kda_launch",
-                       "kda_run"}
+                       "kda_run", "kda_xla_prefill"}
