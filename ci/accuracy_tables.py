@@ -40,8 +40,8 @@ def load(path: str) -> dict:
 def _err(pair) -> str:
     if pair is None:
         return "-"
-    o, s = pair
-    return " / ".join("NaN" if not math.isfinite(x) else f"{x:.2e}" for x in (o, s))
+    # a non-finite error is stored as null (JSON has no NaN)
+    return " / ".join("NaN" if x is None or not math.isfinite(x) else f"{x:.2e}" for x in pair)
 
 
 def _key(row) -> tuple:
@@ -58,7 +58,7 @@ def correlated_block(data: dict) -> str:
                      f"{_err(r.get('flashkda/off'))} | {_err(r.get('accurate/off'))} | {_err(r.get('fla'))} | "
                      f"{_err(r.get('cudnn'))} | {_err(old.get('flashkda/off'))} | {_err(old.get('accurate/off'))} |")
     lines += ["", f"Relative RMSE against float64, output / final state, H=2, one sequence, serial plans; fp32 "
-              f"initial state except the {data['correlated'][-1]['T']}-token row (no initial state). "
+              f"initial state (zero in the {data['correlated'][-1]['T']}-token row, the repeated-key reproducer). "
               f"{data['machine']}, {data['date']}, {data['versions']}. \"before\": {data['before_note']}"]
     return "\n".join(lines)
 

@@ -147,8 +147,8 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     configuration (gate="safe", bf16 logits beta, no allow_neg_eigval) runs FlashKDA's recipe
     (numerics="flashkda": bf16 state between chunks, so an fp32 state round-trips through bf16,
     and FlashKDA's bits on serial plans); every other form runs numerics="accurate" (fp32 state),
-    below FLA's own error on the output for every input class and on the state for model-like and
-    long-memory gates (docs/numerics.md has the per-class table). Not bit for bit FLA's in either case.
+    whose error against float64 docs/numerics.md gives per input class beside FLA's, correlated
+    keys included. Not bit for bit FLA's in either case.
 
     Layout: `state_v_first=True` ([N, H, V, K]) is the kernels' own layout and costs nothing.
     The default False ([N, H, K, V]) transposes: one copy of the initial state in and one of the

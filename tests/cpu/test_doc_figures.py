@@ -6,8 +6,8 @@ elsewhere cites the block's page instead of restating the number, so that one me
 shows different numbers on different pages. RECORDS is the registry of such JSON records; each
 entry names its JSON, its generator (a script with `main(["--check"])` and `MARKERS`, marker name
 -> file), the strings that cite it, what its figures look like and how its rows are named. Only
-the benchmark record is wired today; an accuracy record (docs/numerics.md's tables) would be one
-more entry with its own generator, marker prefix, citations and figure pattern.
+the benchmark record and the accuracy record of docs/numerics.md's correlated-key table are wired;
+docs/numerics.md's older accuracy tables are dated records of their own runs.
 
 What fails, outside generated blocks (fenced code is skipped):
 - on any page, a paragraph, list item or table row that cites a record and also holds one of its
@@ -97,6 +97,23 @@ class Record:
         return generator.load(str(REPO / self.json))
 
 
+# An error against float64 as the accuracy tables write it: "1.90e-02".
+ERROR_FIGURE = re.compile(r"(?<![\w.])\d\.\d+e[-+]\d+(?!\w)")
+
+
+def _correlated_rows(generator, data) -> dict:
+    """The correlated-key table's rows, by input class and beta logit ("weak decay ... beta logit 6"),
+    with every error the record holds for them."""
+    rows = {}
+    for row in data["correlated"]:
+        name = f"{generator.CLASS_NAMES[row['class']]}, beta logit {row['beta_logit']:g}"
+        values = [x for key in ("flashkda/off", "flashkda/on", "accurate/off", "accurate/on", "fla", "cudnn")
+                  for x in (row.get(key) or []) if x is not None]
+        pattern = re.compile(re.escape(generator.CLASS_NAMES[row["class"]]) + rf".*beta logit {row['beta_logit']:g}\b")
+        rows[name] = (pattern, rows.get(name, (pattern, []))[1] + values)
+    return rows
+
+
 RECORDS = (
     Record(name="benchmark", json="docs/bench/h200.json", generator="ci/bench_tables.py", marker_prefix="BENCH:",
            cited_by=("docs/benchmarks.md", "benchmarks.md", "bench/h200.json", "README's speed table",
@@ -105,6 +122,9 @@ RECORDS = (
            # docs/numerics.md's "What accurate costs" times the accurate mode on the benchmark's
            # rows with its own method (ci/ab_wheels.sh); it belongs with the accuracy tables.
            owned_elsewhere=("docs/numerics.md",)),
+    Record(name="accuracy", json="docs/bench/accuracy_h200.json", generator="ci/accuracy_tables.py",
+           marker_prefix="ACCURACY:", cited_by=("accuracy_h200.json", "ci/accuracy_tables.py"),
+           rows=_correlated_rows, figure=ERROR_FIGURE, table_figure=ERROR_FIGURE),
 )
 
 MARKER = re.compile(r"<!-- (/?)([A-Z]+:[A-Z_]+) -->")
@@ -280,3 +300,18 @@ def test_units_split_paragraphs_items_and_rows():
             "<!-- BENCH:X -->\nhidden 1.000 ms\n<!-- /BENCH:X -->\nafter\n")
     assert list(units(text)) == [(1, "One paragraph."), (4, "- item one continued"), (6, "- item two"),
                                  (8, "| a | b |"), (9, "|---|---|"), (10, "| 1 | 2 |"), (14, "after")]
+
+
+def test_the_accuracy_scan_flags_a_restated_error(tmp_path):
+    """The accuracy record's rules on a made-up page: an error next to a citation of its JSON, and a
+    correlated row's error on a user page, are reported; an undated figure of another kind is not."""
+    record = RECORDS[1]
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "README.md").write_text("# Index\n\n## Using it\n\n- [torch.md](torch.md): x\n")
+    (tmp_path / "README.md").write_text("# x\n")
+    (tmp_path / "docs" / "torch.md").write_text(
+        "Measured in docs/bench/accuracy_h200.json: 1.90e-02.\n\n"
+        "On weak decay with beta logit 6 the default measures 9.99e-02.\n\n"
+        "A time: 0.163 ms.\n")
+    found = scan(record, root=tmp_path, generator=record.module(), data=record.data())
+    assert len(found) == 2 and "restates 1.90e-02" in found[0] and "9.99e-02" in found[1], found

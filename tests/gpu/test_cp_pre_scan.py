@@ -137,9 +137,16 @@ def _v_strides(H):
 
 
 def _need(lib, *names):
+    from kda_aot.library._abi import SHIPPED
+    from kda_aot.library.loader import MEASUREMENT_BUILD
+
     for n in names:
-        if not lib.has(n):  # a broken build, not a reason to skip
+        if lib.has(n):
+            continue
+        if n in SHIPPED:  # a broken build, not a reason to skip
             pytest.fail(f"the kernel library has no {n}: every build ships it")
+        # the mma.sync K2 these tests compare pre_scan's chains with is measurement-only
+        pytest.skip(f"{n} is a measurement-only kernel. {MEASUREMENT_BUILD}")
 
 
 @pytest.mark.parametrize("vb", [128, 64, 32])
