@@ -18,12 +18,13 @@ figure; tests/cpu/test_doc_figures.py fails on a restated one.
 
 from __future__ import annotations
 
-import argparse
-import difflib
 import json
 import math
 import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_tables import generate, render_blocks  # noqa: E402 - the benchmark's command line and block writer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JSON = os.path.join("docs", "bench", "accuracy_h200.json")
@@ -67,43 +68,13 @@ def blocks(data: dict) -> dict:
     return {"ACCURACY:CORRELATED": correlated_block(data)}
 
 
-def replace_block(text: str, marker: str, block: str, name: str) -> str:
-    start, end = f"<!-- {marker} -->", f"<!-- /{marker} -->"
-    i, j = text.find(start), text.find(end)
-    if i < 0 or j < i:
-        raise KeyError(f"{name}: the markers {start} ... {end} are missing")
-    return text[:i + len(start)] + "\n" + block + "\n" + text[j:]
+def render(data: dict, texts: dict) -> dict:
+    """{file name: new text} for `texts` ({file name: current text})."""
+    return render_blocks(blocks(data), MARKERS, texts)
 
 
 def main(argv=None, repo: str = REPO) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", default=os.path.join(repo, JSON))
-    parser.add_argument("--check", action="store_true", help="exit 1 if a file differs from what the JSON gives")
-    args = parser.parse_args(argv)
-    data = load(args.json)
-    for name in FILES:
-        with open(os.path.join(repo, name)) as f:
-            old = f.read()
-        new = old
-        try:
-            for marker, block in blocks(data).items():
-                if MARKERS[marker] == name:
-                    new = replace_block(new, marker, block, name)
-        except KeyError as exc:
-            print(f"ci/accuracy_tables.py: {exc.args[0]}", file=sys.stderr)
-            return 1
-        if new == old:
-            continue
-        if args.check:
-            first = next((ln for ln in difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=0)
-                          if ln.startswith(("-", "+")) and not ln.startswith(("---", "+++"))), "")
-            print(f"ci/accuracy_tables.py: {name} differs from the JSON's tables, first at: {first} "
-                  "(run python ci/accuracy_tables.py)", file=sys.stderr)
-            return 1
-        with open(os.path.join(repo, name), "w") as f:
-            f.write(new)
-        print(f"rewrote the tables of {name}")
-    return 0
+    return generate(argv, repo, "ci/accuracy_tables.py", __doc__.splitlines()[0], JSON, load, render, FILES)
 
 
 if __name__ == "__main__":

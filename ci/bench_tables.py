@@ -270,13 +270,19 @@ def blocks(data: dict) -> dict:
             "BENCH:GATE_FORMS": gate_forms_block(data)}
 
 
-def render(data: dict, texts: dict) -> dict:
-    """{file name: new text} for `texts` ({file name: current text})."""
+def render_blocks(generated: dict, markers: dict, texts: dict) -> dict:
+    """{file name: new text} for `texts` ({file name: current text}), each block of `generated`
+    ({marker: text}) written into the file `markers` names for it."""
     new = dict(texts)
-    for marker, block in blocks(data).items():
-        name = MARKERS[marker]
+    for marker, block in generated.items():
+        name = markers[marker]
         new[name] = replace_block(new[name], marker, block, name)
     return new
+
+
+def render(data: dict, texts: dict) -> dict:
+    """{file name: new text} for `texts` ({file name: current text})."""
+    return render_blocks(blocks(data), MARKERS, texts)
 
 
 def first_difference(name: str, old: str, new: str) -> str:
@@ -286,32 +292,40 @@ def first_difference(name: str, old: str, new: str) -> str:
     return f"{name} differs from the JSON's tables"
 
 
-def main(argv=None, repo: str = REPO) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", default=os.path.join(repo, JSON))
+def generate(argv, repo: str, script: str, description: str, default_json: str, load_json, render_texts,
+             files) -> int:
+    """The command line of a docs-table generator (this one and ci/accuracy_tables.py): read the JSON,
+    render the marked blocks of `files` (render_texts(data, {file: text}) -> {file: text}), and
+    write them, or with --check exit 1 naming the first file that differs."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--json", default=os.path.join(repo, default_json))
     parser.add_argument("--check", action="store_true", help="exit 1 if a file differs from what the JSON gives")
     args = parser.parse_args(argv)
-    data = load(args.json)
+    data = load_json(args.json)
     texts = {}
-    for name in FILES:
+    for name in files:
         with open(os.path.join(repo, name)) as f:
             texts[name] = f.read()
     try:
-        new = render(data, texts)
+        new = render_texts(data, texts)
     except KeyError as exc:
-        print(f"ci/bench_tables.py: {exc.args[0]}", file=sys.stderr)
+        print(f"{script}: {exc.args[0]}", file=sys.stderr)
         return 1
-    for name in FILES:
+    for name in files:
         if new[name] == texts[name]:
             continue
         if args.check:
-            print("ci/bench_tables.py: " + first_difference(name, texts[name], new[name])
-                  + " (run python ci/bench_tables.py)", file=sys.stderr)
+            print(f"{script}: " + first_difference(name, texts[name], new[name]) + f" (run python {script})",
+                  file=sys.stderr)
             return 1
         with open(os.path.join(repo, name), "w") as f:
             f.write(new[name])
         print(f"rewrote the tables of {name}")
     return 0
+
+
+def main(argv=None, repo: str = REPO) -> int:
+    return generate(argv, repo, "ci/bench_tables.py", __doc__.splitlines()[0], JSON, load, render, FILES)
 
 
 if __name__ == "__main__":
