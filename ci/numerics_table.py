@@ -311,25 +311,7 @@ def class_accuracy(report: Report, lengths, fla: bool, cudnn: bool = True) -> No
             cases.append((row, x, cu, gold))
             report.write()
             print(row, flush=True)
-    if cudnn:  # cuDNN's Hopper engine on the same inputs, where its in-kernel gate is this form's
-        for row, x, cu, gold in cases:
-            run, c_out, c_final, why = bench.cudnn_runner(x, cu)
-            if run is None:
-                row["cudnn note"] = why
-                continue
-            run()
-            row["cudnn"] = bench.errors((c_out, c_final), gold)
-            report.write()
-            print(row["class"], row["gate"], row["T"], "cuDNN", row["cudnn"], flush=True)
-    if not fla:
-        return
-    for row, x, cu, gold in cases:
-        run = bench.fla_runner(x, cu, 2)
-        if run is None:  # not importable, or this gate form not comparable (fla_runner said why)
-            continue
-        row["fla"] = bench.errors(run(), gold)
-        report.write()
-        print(row["class"], row["gate"], row["T"], "FLA", row["fla"], flush=True)
+    peer_errors(report, cases, fla, cudnn)
 
 
 def correlated_accuracy(report: Report, T: int, fla: bool, cudnn: bool = True, repeated_T: int = 16384) -> None:
@@ -367,24 +349,31 @@ def correlated_accuracy(report: Report, T: int, fla: bool, cudnn: bool = True, r
         cases.append((row, x, cu, gold))
         report.write()
         print(row, flush=True)
-    if cudnn:
-        for row, x, cu, gold in cases:
-            run, c_out, c_final, why = bench.cudnn_runner(x, cu)
-            if run is None:
-                row["cudnn note"] = why
-                continue
-            run()
-            row["cudnn"] = bench.errors((c_out, c_final), gold)
+    peer_errors(report, cases, fla, cudnn)
+
+
+def peer_errors(report: Report, cases, fla: bool, cudnn: bool) -> None:
+    """cuDNN's Hopper engine (where its in-kernel gate is the case's form and flashinfer is
+    importable), then FLA (last: Triton autotunes on its first call), on each case's inputs:
+    cases are (row, x, cu, gold); the errors go into the rows."""
+    from kda_aot import bench
+
+    for peer, wanted in (("cudnn", cudnn), ("fla", fla)):
+        for row, x, cu, gold in cases if wanted else ():
+            if peer == "cudnn":
+                run, c_out, c_final, why = bench.cudnn_runner(x, cu)
+                if run is None:
+                    row["cudnn note"] = why
+                    continue
+                run()
+                row["cudnn"] = bench.errors((c_out, c_final), gold)
+            else:
+                run = bench.fla_runner(x, cu, 2)
+                if run is None:  # not importable, or this gate form not comparable (fla_runner said why)
+                    continue
+                row["fla"] = bench.errors(run(), gold)
             report.write()
-    if not fla:
-        return
-    for row, x, cu, gold in cases:
-        run = bench.fla_runner(x, cu, 2)
-        if run is None:
-            continue
-        row["fla"] = bench.errors(run(), gold)
-        report.write()
-        print(row["class"], row["eps"], row["beta_logit"], row["gate"], "FLA", row["fla"], flush=True)
+            print(row["class"], row["gate"], row["T"], peer, row[peer], flush=True)
 
 
 def main(argv=None) -> int:
