@@ -54,7 +54,7 @@ def _fma32(a: torch.Tensor, b, c) -> torch.Tensor:
 
 def _acc32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """acc32(a @ b): tensor-core fp32-accumulated product of exactly representable inputs.
-    Accumulating in fp64 (products of bf16/fp16 values are exact there) and rounding once is
+    Accumulating in fp64 (products of bf16 values are exact there) and rounding once is
     deterministic, unlike CPU fp32 GEMMs whose summation order is unspecified."""
     return (a.double() @ b.double()).float()
 
@@ -78,7 +78,7 @@ def _rsqrt(x: torch.Tensor) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------------------------
 # Numerics: the hooks RB/RH/EX2/SIG of the §2.5 pseudo-code, plus the operations whose recipe
-# differs between exact float64 math and the fp32/bf16/fp16 emulation.
+# differs between exact float64 math and the fp32/bf16 emulation.
 
 
 class _ExactMath:
@@ -533,9 +533,9 @@ class KernelApprox:
         return self._run("approx_rsqrt", x)
 
     def mm(self, a, b):
-        # The kernels multiply bf16 operands (fp16 for the inverse's factors) with fp32
-        # accumulation; torch.bmm with out_dtype does the same on tensor cores. The reference only
-        # calls this with operands exactly representable in one of the two.
+        # The kernels multiply bf16 operands with fp32 accumulation; torch.bmm with out_dtype does
+        # the same on tensor cores. Every product of the recipe has bf16-exact operands; fp16 is
+        # kept for a caller whose operands are exact only there.
         def exact(t, dt):
             return torch.equal(t.to(dt).float(), t.float())
 
@@ -560,7 +560,7 @@ def chunked_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
 
     mode="exact": float64, exact functions, no rounding; equals `gold_prefill` to ~1e-10.
         Returns fp64 (o, final_state).
-    mode="emulate": the §2.4 recipe (P1-P8, Q1-Q7) in fp32 with bf16/fp16 RNE roundings.
+    mode="emulate": the §2.4 recipe (P1-P8, Q1-Q7) in fp32 with bf16 RNE roundings.
         `approx` may provide ex2/tanh/rsqrt callables (fp32 tensor -> fp32 tensor) replacing the
         exact fp32 defaults `_ex2`, `_tanh`, `_rsqrt`. Returns bf16 (o, final_state); an fp32
         final state of the kernels is the exact widening of this bf16 state (Q6).

@@ -51,8 +51,8 @@ K1' takes 42,760 B and stays at five CTAs per SM.
 
 Rounding follows docs/algorithm.md §2.4 op by op. The gate and norm arithmetic uses explicit `.rn` PTX
 (ptx_ops.mul_rn_ftz/add_rn_ftz/fma_rn_ftz) so ptxas cannot contract `c*s` into the cumsum; products of
-two bf16 (or two fp16) values are exact in fp32, so P5/P6 products are fp32 multiplies followed
-by one RNE conversion.
+two bf16 values are exact in fp32, so P5 products are fp32 multiplies followed by one RNE
+conversion.
 """
 
 import dataclasses

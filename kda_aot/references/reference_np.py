@@ -7,9 +7,9 @@ tests and the demo's CPU path need no torch:
 * `chunked_prefill(mode="exact")`: the CHUNK=16 algebra in float64, no rounding (equals the gold
   to ~1e-10).
 * `chunked_prefill(mode="emulate")`: the same code with the rounding recipe (bf16 through
-  ml_dtypes, fp16 through NumPy, both round-to-nearest-even) at the recipe's points, with exact
-  fp32 functions for the kernels' PTX approximations: a ~1-2 bf16-ulp emulation of the kernels,
-  not a bitwise one (reference.py with the GPU's approximations is the bitwise reference).
+  ml_dtypes, round-to-nearest-even) at the recipe's points, with exact fp32 functions for the
+  kernels' PTX approximations: a ~1-2 bf16-ulp emulation of the kernels, not a bitwise one
+  (reference.py with the GPU's approximations is the bitwise reference).
 
 Arrays follow the low-level API: token-major [B, T, H, 128] (bf16 as ml_dtypes.bfloat16), beta
 logits [B, T, H], V-first states [N, H, V, K], optional packed int `cu_seqlens` (then B = 1).
@@ -40,7 +40,7 @@ def _fma32(a, b, c) -> np.ndarray:
 
 
 def _acc32(a, b) -> np.ndarray:
-    """fp32-accumulated product of exactly representable (bf16 / fp16) operands: exact products
+    """fp32-accumulated product of exactly representable (bf16) operands: exact products
     summed in fp64, rounded once."""
     return (np.asarray(a, F64) @ np.asarray(b, F64)).astype(F32)
 
