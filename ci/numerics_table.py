@@ -85,7 +85,7 @@ class Report:
             lines += ["", "## correlated keys: relative RMSE against float64, output / final state (H=2, one "
                       "sequence; fp32 h0, zero in the repeated-key row)", "",
                       "| input class | eps | beta logit | gate | T | flashkda serial | flashkda cp=on | accurate serial "
-                      "| accurate cp=on | FLA chunk_kda | cuDNN engine | all finite |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                      "| accurate cp=on | FLA chunk_kda | cuDNN engine | all finite |", "|---" * 12 + "|"]
             for r in self.correlated:
                 lines.append(f"| {r['class']} | {r['eps']} | {r['beta_logit']} | {r['gate']} | {r['T']} | "
                              + _error_cells(r) + f" | {'yes' if r['finite'] else 'NO'} |")

@@ -77,7 +77,7 @@ def _rsqrt(x: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------
-# Numerics: the hooks RB/RH/EX2/SIG of the §2.5 pseudo-code, plus the operations whose recipe
+# Numerics: the hooks RB/EX2/SIG of the §2.5 pseudo-code, plus the operations whose recipe
 # differs between exact float64 math and the fp32/bf16 emulation.
 
 
@@ -362,7 +362,8 @@ def _fma32_rn(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor
     bb = s - p
     err = (p - (s - bb)) + (c - bb)  # two-sum: s + err is the exact sum
     odd = (s.view(torch.int64) & 1) == 1
-    toward = torch.nextafter(s, torch.where(err > 0, torch.full_like(s, float("inf")), torch.full_like(s, -float("inf"))))
+    inf = torch.full_like(s, float("inf"))
+    toward = torch.nextafter(s, torch.where(err > 0, inf, -inf))
     return torch.where((err == 0) | odd, s, toward).float()
 
 
