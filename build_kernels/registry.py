@@ -67,6 +67,9 @@ class Variant:
 # K2's dispatch order: the sequences longest first, written by the varlen tables kernel (null: the
 # sequence order, for dense inputs and CP segments). docs/dispatch_order.md.
 SEQ_ORDER = ptr("seq_order", "int32", 4)
+# The list of sequences a call runs (segment_ids), the per-sequence flags the first table kernel
+# makes of it, and the list's length (kernels/listed_sequences.py).
+SEGMENT_IDS, LISTED, N_LISTED = ptr("segment_ids", "int32", 4), ptr("listed", "int32", 4), scalar("n_listed", "i32")
 
 
 def _seq_tables() -> List[Variant]:
@@ -81,6 +84,15 @@ def _seq_tables() -> List[Variant]:
     ]
     variants.append(Variant("seq_tables_dense", "varlen_tiles", "seq_tables_dense",
                             tables + (scalar("seq_len", "i32"), STREAM)))
+    # a call that runs its listed sequences only (segment_ids; kernels/listed_sequences.py): the
+    # tables over the listed sequences, their flags and state slots; dense reads no cu_seqlens
+    for cu in ("int32", "int64", "dense"):
+        variants.append(Variant(
+            f"seq_tables_listed_{cu}", "varlen_tiles", "seq_tables_listed",
+            (ptr("cu_seqlens", "int32" if cu == "dense" else cu, 8 if cu == "int64" else 4), SEGMENT_IDS,
+             ptr("state_indices", "int32", 4), LISTED, ptr("listed_slot", "int32", 4)) + tables[:2]
+            + (SEQ_ORDER, tables[2], N_LISTED, scalar("t_total", "i32"), STREAM),
+            constants=(("dense", cu == "dense"),)))
     return variants
 
 
@@ -246,6 +258,13 @@ def _cp_seg_tables() -> List[Variant]:
         for cu in ("int32", "int64")
     ]
     variants.append(Variant("cp_seg_tables_dense", "cp_seg_tables", "cp_seg_tables_dense", tables + sizes))
+    # the listed sequences only (segment_ids; kernels/listed_sequences.py); dense reads no cu_seqlens
+    for cu in ("int32", "int64", "dense"):
+        variants.append(Variant(
+            f"cp_seg_tables_listed_{cu}", "cp_seg_tables", "cp_seg_tables_listed",
+            (ptr("cu_seqlens", "int32" if cu == "dense" else cu, 8 if cu == "int64" else 4), SEGMENT_IDS, LISTED)
+            + tables + sizes[:1] + (N_LISTED,) + sizes[1:],
+            constants=(("dense", cu == "dense"),)))
     return variants
 
 
@@ -290,7 +309,9 @@ def _checkpoint_index() -> List[Variant]:
     """The checkpoint index table from the sequence tables (docs/state_pool.md)."""
     args = (ptr("seq_start", "int32", 4), ptr("checkpoint_index", "int32", 4), scalar("n_seq", "i32"),
             scalar("n_slots", "i32"), scalar("checkpoint_every", "i32"), STREAM)
-    return [Variant("checkpoint_index", "checkpoint_index", "checkpoint_index", args)]
+    listed = args[:1] + (LISTED,) + args[1:]  # the call's listed sequences only
+    return [Variant("checkpoint_index", "checkpoint_index", "checkpoint_index", args),
+            Variant("checkpoint_index_listed", "checkpoint_index", "checkpoint_index_listed", listed)]
 
 
 def _checkpoint_table() -> List[Variant]:

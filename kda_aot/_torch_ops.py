@@ -22,14 +22,15 @@ cannot also return them (docs/torch.md has the full schemas):
     kda_aot::prefill_out(q, k, v, g, beta, A_log, dt_bias, Tensor(a!) out, Tensor(b!)? final_state,
         Tensor(c!)? workspace, lower_bound, scale, initial_state, cu_seqlens, cu_seqlens_cpu, seq_lens,
         cp, numerics, gate, beta_form, allow_neg_eigval, Tensor? checkpoint_offsets=None,
-        Tensor(d!)? checkpoint_state=None) -> ()
+        Tensor(d!)? checkpoint_state=None, Tensor? segment_ids=None) -> ()
       writes o into `out` and, when given, the final state into `final_state` and the checkpoints
-      at checkpoint_offsets into `checkpoint_state`; `workspace` is scratch the kernels write.
+      at checkpoint_offsets into `checkpoint_state`; `workspace` is scratch the kernels write;
+      `segment_ids`: only the listed sequences are computed and written (docs/state_pool.md).
 
     kda_aot::prefill_pool(q, k, v, g, beta, A_log, dt_bias, Tensor(a!) state_pool, Tensor state_indices,
         lower_bound, scale, cu_seqlens, cu_seqlens_cpu, seq_lens, cp, gate, beta_form, allow_neg_eigval,
-        Tensor? checkpoint_offsets=None, Tensor(b!)? checkpoint_state=None, Tensor? checkpoint_slots=None)
-        -> Tensor
+        Tensor? checkpoint_offsets=None, Tensor(b!)? checkpoint_state=None, Tensor? checkpoint_slots=None,
+        Tensor? segment_ids=None) -> Tensor
       returns o; reads and writes the state pool in place (docs/state_pool.md), and writes the
       checkpoints at checkpoint_offsets into checkpoint_state or into the pool at checkpoint_slots.
 
@@ -150,20 +151,20 @@ def _prefill_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
                     cu_seqlens_cpu: Optional[torch.Tensor] = None, seq_lens: Optional[List[int]] = None,
                     cp: str = "auto", numerics: str = "flashkda", gate: str = "safe", beta_form: str = "logits",
                     allow_neg_eigval: bool = False, checkpoint_offsets: Optional[torch.Tensor] = None,
-                    checkpoint_state: Optional[torch.Tensor] = None) -> None:
+                    checkpoint_state: Optional[torch.Tensor] = None, segment_ids: Optional[torch.Tensor] = None) -> None:
     api.prefill(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, scale=scale,
                 initial_state=initial_state, output_final_state=final_state is not None, cu_seqlens=cu_seqlens,
                 cu_seqlens_cpu=cu_seqlens_cpu, seq_lens=seq_lens, cp=cp, out=out, final_state=final_state,
                 workspace=workspace, numerics=numerics, gate=gate, beta_form=beta_form,
                 allow_neg_eigval=allow_neg_eigval, checkpoint_offsets=checkpoint_offsets,
-                checkpoint_state=checkpoint_state)
+                checkpoint_state=checkpoint_state, segment_ids=segment_ids)
 
 
 @_prefill_out_op.register_fake
 def _prefill_out_fake(q, k, v, g, beta, A_log, dt_bias, out, final_state, workspace, lower_bound=None,
                       scale=None, initial_state=None, cu_seqlens=None, cu_seqlens_cpu=None, seq_lens=None, cp="auto",
                       numerics="flashkda", gate="safe", beta_form="logits", allow_neg_eigval=False,
-                      checkpoint_offsets=None, checkpoint_state=None):
+                      checkpoint_offsets=None, checkpoint_state=None, segment_ids=None):
     return None
 
 
@@ -181,12 +182,13 @@ def _prefill_pool_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
                      seq_lens: Optional[List[int]] = None, cp: str = "auto", gate: str = "safe",
                      beta_form: str = "logits", allow_neg_eigval: bool = False,
                      checkpoint_offsets: Optional[torch.Tensor] = None, checkpoint_state: Optional[torch.Tensor] = None,
-                     checkpoint_slots: Optional[torch.Tensor] = None) -> torch.Tensor:
+                     checkpoint_slots: Optional[torch.Tensor] = None,
+                     segment_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
     o, _ = api.prefill(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, scale=scale,
                        cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, seq_lens=seq_lens, cp=cp,
                        state_pool=state_pool, state_indices=state_indices, gate=gate, beta_form=beta_form,
                        allow_neg_eigval=allow_neg_eigval, checkpoint_offsets=checkpoint_offsets,
-                       checkpoint_state=checkpoint_state, checkpoint_slots=checkpoint_slots)
+                       checkpoint_state=checkpoint_state, checkpoint_slots=checkpoint_slots, segment_ids=segment_ids)
     return o
 
 
@@ -194,7 +196,7 @@ def _prefill_pool_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
 def _prefill_pool_fake(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, lower_bound=None, scale=None,
                        cu_seqlens=None, cu_seqlens_cpu=None, seq_lens=None, cp="auto", gate="safe",
                        beta_form="logits", allow_neg_eigval=False, checkpoint_offsets=None, checkpoint_state=None,
-                       checkpoint_slots=None):
+                       checkpoint_slots=None, segment_ids=None):
     return q.new_empty(q.shape)
 
 
@@ -219,8 +221,8 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
             state_pool: Optional[torch.Tensor] = None, state_indices: Optional[torch.Tensor] = None,
             numerics: str = "flashkda", gate: str = "safe", beta_form: str = "logits",
             allow_neg_eigval: bool = False, checkpoint_offsets: Optional[torch.Tensor] = None,
-            checkpoint_state: Optional[torch.Tensor] = None,
-            checkpoint_slots: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+            checkpoint_state: Optional[torch.Tensor] = None, checkpoint_slots: Optional[torch.Tensor] = None,
+            segment_ids: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """kda_aot.prefill through the torch ops: returns (o, final_state or None).
 
     Same arguments and checks as kda_aot.prefill (README, kda_aot/api.py), gate and beta forms
@@ -230,7 +232,9 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
     a list or a numpy array. With none of out=, final_state=, workspace= it calls
     kda_aot::prefill, else kda_aot::prefill_out, allocating whichever output the caller did not give.
     Checkpoints at given offsets (`checkpoint_offsets` with `checkpoint_state`, or with a state pool
-    `checkpoint_slots`) go through kda_aot::prefill_out, or kda_aot::prefill_pool with a pool.
+    `checkpoint_slots`) go through kda_aot::prefill_out, or kda_aot::prefill_pool with a pool, and so
+    do calls with `segment_ids` (the listed sequences only: an unlisted sequence's rows of an `out`
+    this function allocates are left unwritten).
     """
     if final_state is not None and not output_final_state:
         raise ValueError("final_state: a buffer was given but output_final_state=False")
@@ -248,12 +252,12 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
             raise NotImplementedError("numerics: 'accurate' with state_pool is not built; use numerics='flashkda'")
         return PREFILL_POOL(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, lower_bound, scale,
                             cu_seqlens, hint, seq_lens, cp, gate, beta_form, allow_neg_eigval, checkpoint_offsets,
-                            checkpoint_state, checkpoint_slots), None
+                            checkpoint_state, checkpoint_slots, segment_ids), None
     if checkpoint_slots is not None:
         raise ValueError("checkpoint_slots: requires state_pool (checkpoint (n, k) is written into "
                          "state_pool[checkpoint_slots[n, k]])")
     if out is None and final_state is None and workspace is None and checkpoint_offsets is None and \
-            checkpoint_state is None:
+            checkpoint_state is None and segment_ids is None:
         o, final = PREFILL(q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, initial_state, output_final_state,
                            cu_seqlens, hint, seq_lens, cp, numerics, gate, beta_form, allow_neg_eigval)
         return o, (final if output_final_state else None)
@@ -264,7 +268,7 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
                                   dtype=state_dtype(initial_state, checkpoint_state))
     PREFILL_OUT(q, k, v, g, beta, A_log, dt_bias, out, final_state, workspace, lower_bound, scale, initial_state,
                 cu_seqlens, hint, seq_lens, cp, numerics, gate, beta_form, allow_neg_eigval, checkpoint_offsets,
-                checkpoint_state)
+                checkpoint_state, segment_ids)
     return out, final_state
 
 

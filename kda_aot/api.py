@@ -57,7 +57,7 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any = None, dt_
             checkpoints: Any = None, checkpoint_index: Any = None, state_indices_cpu: Any = None,
             numerics: str = "flashkda", gate: str = "safe", beta_form: str = "logits",
             allow_neg_eigval: bool = False, checkpoint_offsets: Any = None, checkpoint_state: Any = None,
-            checkpoint_slots: Any = None) -> Tuple[Any, ...]:
+            checkpoint_slots: Any = None, segment_ids: Any = None) -> Tuple[Any, ...]:
     """KDA prefill (docs/api.md): returns (o, final_state or None), and a third element,
     Checkpoints(states, index), when checkpoint_every is given.
 
@@ -109,11 +109,18 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any = None, dt_
     (`checkpoint_slots` int32 like the offsets; a slot outside the pool writes nothing). Exactly
     one of checkpoint_state / checkpoint_slots; not with checkpoint_every. The return value is
     unchanged.
+
+    Listed sequences (docs/state_pool.md): `segment_ids` int32 [M] on the device runs the
+    recurrence over the listed sequences only. Their outputs, final states and checkpoints are
+    those of the call without the list, bit for bit; every other sequence's `out` rows, final
+    state (or pool slot) and checkpoints are left untouched, and an empty list writes nothing.
+    The work follows the listed sequences' tokens. Entries are never read on the host: the device
+    skips an entry outside [0, N) and runs a repeated one once; validate="host" refuses both.
     """
     arguments.check_options(final_state, output_final_state, state_pool, validate)
     tensors = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state, state_pool,
                state_indices, checkpoints, checkpoint_index, checkpoint_state, checkpoint_offsets, checkpoint_slots,
-               workspace)
+               segment_ids, workspace)
     torch, sig, ptrs, descs, handle = arguments.read(tensors, stream)
     hint = arguments.host_hints(torch, tensors, stream, handle, seq_lens, cu_seqlens_cpu, state_indices_cpu, validate)
     options = (lower_bound, scale, output_final_state, cp, hint, value_split, checkpoint_every, numerics,
@@ -323,13 +330,13 @@ def workspace_size(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any = No
                    checkpoint_every: Optional[int] = None, checkpoints: Any = None, checkpoint_index: Any = None,
                    state_indices_cpu: Any = None, numerics: str = "flashkda", gate: str = "safe",
                    beta_form: str = "logits", allow_neg_eigval: bool = False, checkpoint_offsets: Any = None,
-                   checkpoint_state: Any = None, checkpoint_slots: Any = None) -> int:
+                   checkpoint_state: Any = None, checkpoint_slots: Any = None, segment_ids: Any = None) -> int:
     """Bytes of `workspace=` that prefill needs for these arguments (validated as prefill would).
     `stream`, `workspace`, `validate` and `state_indices_cpu` are accepted so that prefill's own
     keyword arguments can be passed unchanged; they do not change the size (nor does `numerics`, which is checked)."""
     tensors = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state, state_pool,
                state_indices, checkpoints, checkpoint_index, checkpoint_state, checkpoint_offsets, checkpoint_slots,
-               None)
+               segment_ids, None)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(q, torch.Tensor):
         descs = arguments.describe_all(tensors)

@@ -6,7 +6,7 @@
                   initial_state=None, final_state=None, cu_seqlens=None)
 
 `fwd` takes upstream FlashKDA's arguments in its order, and the vLLM fork's extras as keywords
-(`workspace`, `checkpoint_state`, `checkpoint_offsets`). Like FlashKDA it writes `out` and, when
+(`workspace`, `use_vsplit`, `segment_ids`, `checkpoint_state`, `checkpoint_offsets`). Like FlashKDA it writes `out` and, when
 given, `final_state` in place and returns None. The call is kda_aot.prefill with gate="safe",
 beta logits and cp="off": FlashKDA's configuration and its serial recurrence, so the results are
 FlashKDA's bits (tests/gpu/test_flashkda_compat.py). `cp="auto"` is an extra keyword for callers
@@ -24,6 +24,15 @@ from torch's caching allocator, as FlashKDA's fwd allocates one.
 q, k, v, g and beta may be strided views (token and head strides of 16-byte multiples, the B * T
 tokens one run of rows; docs/api.md, "Strided inputs"): the kernels read them in place, nothing is
 copied.
+
+`segment_ids`, the fork's contract: int32 [M] on the device, the sequences (indices into
+cu_seqlens, or into the batch of a dense input) to run. Their `out` rows, final states and
+checkpoints equal those of the call without the list, bit for bit; every other sequence's `out`
+rows and final state are left untouched, and an empty list writes nothing. An entry outside
+[0, N) is skipped and a repeated one runs once (docs/state_pool.md, "Listed sequences").
+`use_vsplit`: the fork's choice between two K2 kernels of identical output; kda-aot chooses its
+own K2 split (the results are the same bits either way), so it is checked to be a bool and has no
+other effect.
 
 Checkpoints at given offsets, the fork's contract: `checkpoint_offsets` [N] or [N, K] (K 1 or 2) on
 the device, of cu_seqlens' dtype in the fork (int32 and int64 are both taken), and
@@ -61,7 +70,8 @@ def get_workspace_size(T_total: int, H: int, N: int = 1, *, cp: str = "off", sm_
     tables and an fp32 [128, 128] scratch of three states per head: at most 6 * sm_count * 64 KiB
     more (50 MiB on 132 SMs). `sm_count` is the SM count of the device the calls run on (default: torch's current
     device). A buffer sized for cp="auto" also serves cp="off" calls. Checkpoints at given offsets
-    add a table of at most two int32 pairs per sequence, included here.
+    add a table of at most two int32 pairs per sequence, and `segment_ids` two int32 per sequence;
+    both are included here.
     """
     for name, value in (("T_total", T_total), ("H", H), ("N", N)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -69,7 +79,7 @@ def get_workspace_size(T_total: int, H: int, N: int = 1, *, cp: str = "off", sm_
     tiles = -(-T_total // CHUNK) + N
     # the layouts grow with the checkpoint table (K <= 2) and the sequences' own tables that CP
     # builds beside the segment tables for checkpoints (docs/state_pool.md): sized with both
-    serial = workspace_layout(H, tiles, N, checkpoint_entries=2 * N).nbytes
+    serial = workspace_layout(H, tiles, N, checkpoint_entries=2 * N, listed=N).nbytes
     if cp == "off":
         return serial
     if cp not in ("auto", "on"):
@@ -85,7 +95,7 @@ def get_workspace_size(T_total: int, H: int, N: int = 1, *, cp: str = "off", sm_
     slots = max(1, sm_count // H)
     segments = min(N, slots) + slots  # a call of N' <= min(N, P) sequences splits into <= N' + P
     return max(serial, cp_layout(H, -(-T_total // CHUNK) + segments, N, segments, sequence_tables=True,
-                                 checkpoint_entries=2 * N).nbytes)
+                                 checkpoint_entries=2 * N, listed=N).nbytes)
 
 
 def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, scale: float,
@@ -93,19 +103,21 @@ def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta
         initial_state: Optional[torch.Tensor] = None, final_state: Optional[torch.Tensor] = None,
         cu_seqlens: Optional[torch.Tensor] = None, *, workspace: Optional[torch.Tensor] = None,
         checkpoint_state: Optional[torch.Tensor] = None, checkpoint_offsets: Optional[torch.Tensor] = None,
-        cp: str = "off") -> None:
+        cp: str = "off", use_vsplit: bool = False, segment_ids: Optional[torch.Tensor] = None) -> None:
     """FlashKDA's forward (module docstring): writes out, final_state and checkpoint_state in place,
     returns None."""
-    _check_extras(out, checkpoint_state, checkpoint_offsets)
+    _check_extras(out, checkpoint_state, checkpoint_offsets, use_vsplit)
     # api.prefill looked up per call: CPU tests stand a reference in for the kernels
     api.prefill(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, lower_bound=float(lower_bound), scale=float(scale),
                 initial_state=initial_state, output_final_state=final_state is not None, final_state=final_state,
                 out=out, cu_seqlens=cu_seqlens, workspace=workspace, cp=cp, checkpoint_offsets=checkpoint_offsets,
-                checkpoint_state=checkpoint_state)
+                checkpoint_state=checkpoint_state, segment_ids=segment_ids)
 
 
-def _check_extras(out, checkpoint_state, checkpoint_offsets) -> None:
+def _check_extras(out, checkpoint_state, checkpoint_offsets, use_vsplit=False) -> None:
     """What fwd refuses before prefill's wall (also at trace time, in the operator's fake)."""
+    if not isinstance(use_vsplit, bool):
+        raise TypeError(f"use_vsplit: expected a bool, got {type(use_vsplit).__name__}")
     if checkpoint_state is not None and checkpoint_offsets is None:
         raise ValueError("checkpoint_state: given without checkpoint_offsets (the tokens after which each "
                          "checkpoint is taken)")
@@ -126,16 +138,19 @@ def _flashkda_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
                      dt_bias: torch.Tensor, lower_bound: float, initial_state: Optional[torch.Tensor] = None,
                      final_state: Optional[torch.Tensor] = None, cu_seqlens: Optional[torch.Tensor] = None,
                      checkpoint_state: Optional[torch.Tensor] = None,
-                     checkpoint_offsets: Optional[torch.Tensor] = None, cp: str = "off") -> None:
+                     checkpoint_offsets: Optional[torch.Tensor] = None, cp: str = "off", use_vsplit: bool = False,
+                     segment_ids: Optional[torch.Tensor] = None) -> None:
     fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
-        workspace=workspace, checkpoint_state=checkpoint_state, checkpoint_offsets=checkpoint_offsets, cp=cp)
+        workspace=workspace, checkpoint_state=checkpoint_state, checkpoint_offsets=checkpoint_offsets, cp=cp,
+        use_vsplit=use_vsplit, segment_ids=segment_ids)
 
 
 @_flashkda_fwd_op.register_fake
 def _flashkda_fwd_fake(q, k, v, g, beta, scale, out, workspace, A_log, dt_bias, lower_bound, initial_state=None,
-                       final_state=None, cu_seqlens=None, checkpoint_state=None, checkpoint_offsets=None, cp="off"):
+                       final_state=None, cu_seqlens=None, checkpoint_state=None, checkpoint_offsets=None, cp="off",
+                       use_vsplit=False, segment_ids=None):
     # the same refusals at trace time as at run time, so a compiled graph cannot defer them
-    _check_extras(out, checkpoint_state, checkpoint_offsets)
+    _check_extras(out, checkpoint_state, checkpoint_offsets, use_vsplit)
     return None
 
 

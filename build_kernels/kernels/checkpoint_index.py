@@ -22,7 +22,10 @@ THREADS = 256
 
 
 class CheckpointIndex:
-    """The checkpoint index kernel (registry entry checkpoint_index); no static configuration."""
+    """The checkpoint index kernel (registry entry checkpoint_index); CheckpointIndexListed is the
+    mode of a call that runs its listed sequences only."""
+
+    listed = False
 
     def __str__(self):
         """What the kernel's PTX symbol spells for this object (the DSL spells a kernel method's
@@ -36,12 +39,15 @@ class CheckpointIndex:
         (sequence, prefix tokens) or (-1, -1). n_slots >= 1, checkpoint_every >= 16."""
         self.kernel(cute.make_tensor(seq_start, cute.make_layout(n_seq + 1)),
                     cute.make_tensor(checkpoint_index, cute.make_layout(2 * n_slots)), n_seq, n_slots,
-                    checkpoint_every).launch(
+                    checkpoint_every, None).launch(
             grid=((n_slots + THREADS - 1) // THREADS, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True)
 
     @cute.kernel
-    def kernel(self, mStart: cute.Tensor, mIndex: cute.Tensor, n_seq: Int32, n_slots: Int32, every: Int32):
-        """Slot s per thread: the binary search for its sequence, then the check of j."""
+    def kernel(self, mStart: cute.Tensor, mIndex: cute.Tensor, n_seq: Int32, n_slots: Int32, every: Int32,
+               mListed):
+        """Slot s per thread: the binary search for its sequence, then the check of j. Listed mode
+        (mListed, the flags; compile-time None otherwise): an unlisted sequence's slots are holes,
+        as K2 writes none of its checkpoints."""
         bidx, _, _ = cute.arch.block_idx()
         tidx, _, _ = cute.arch.thread_idx()
         await_previous_grid()
@@ -62,9 +68,28 @@ class CheckpointIndex:
                     if j * every <= mStart[pos + 1] - start:
                         seq = pos
                         pos_out = j * every
+                        if cutlass.const_expr(self.listed):
+                            if mListed[pos] == 0:
+                                seq = Int32(-1)
+                                pos_out = Int32(-1)
             mIndex[2 * s] = seq
             mIndex[2 * s + 1] = pos_out
 
 
-# The registry's entry name (the manifest's): the class whose __call__ is the host entry (compile.py).
-checkpoint_index = CheckpointIndex
+class CheckpointIndexListed(CheckpointIndex):
+    """The checkpoint index of a call that runs its listed sequences only (registry entry
+    checkpoint_index_listed): listed int32 [n_seq], the flags the call's first table kernel wrote."""
+
+    listed = True
+
+    @cute.jit
+    def __call__(self, seq_start: cute.Pointer, listed: cute.Pointer, checkpoint_index: cute.Pointer, n_seq: Int32,
+                 n_slots: Int32, checkpoint_every: Int32, stream: cuda.CUstream):
+        self.kernel(cute.make_tensor(seq_start, cute.make_layout(n_seq + 1)),
+                    cute.make_tensor(checkpoint_index, cute.make_layout(2 * n_slots)), n_seq, n_slots,
+                    checkpoint_every, cute.make_tensor(listed, cute.make_layout(n_seq))).launch(
+            grid=((n_slots + THREADS - 1) // THREADS, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True)
+
+
+# The registry's entry names (the manifest's): the classes whose __call__ is the host entry (compile.py).
+checkpoint_index, checkpoint_index_listed = CheckpointIndex, CheckpointIndexListed

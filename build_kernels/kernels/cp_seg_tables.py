@@ -31,6 +31,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
+from .listed_sequences import mark_listed
 from .tile_ops import CHUNK, await_previous_grid, block_scan, clamp_token, tile_count
 
 THREADS = 256
@@ -69,9 +70,11 @@ def _tables(seg_start, seg_prefix, scan_seg, seg_first, seg_count, final_slot, n
 
 class CpSegTables:
     """The CP segment tables from cu_seqlens (registry entry cp_seg_tables_varlen); CpSegTablesDense
-    is the dense mode. The one static choice is `dense`: no cu_seqlens, every sequence t_total long."""
+    is the dense mode, CpSegTablesListed the mode of a call that runs its listed sequences only.
+    The static choices are `dense` (no cu_seqlens, every sequence t_total long) and `listed`."""
 
     dense = False
+    listed = False
 
     def __str__(self):
         """What the kernel's PTX symbol spells for this object (the DSL spells a kernel method's
@@ -90,16 +93,22 @@ class CpSegTables:
         self._launch(cute.make_tensor(cu_seqlens, cute.make_layout(n_seq + 1)), tables, n_seq, t_total, seg_len,
                      max_count, min_tiles, max_segments, stream)
 
-    def _launch(self, m_cu, tables: SegTables, n_seq, t_total, seg_len, max_count, min_tiles, max_segments, stream):
-        self.kernel(m_cu, *tables, n_seq, t_total, seg_len, max_count, min_tiles, max_segments).launch(
-            grid=(1, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True)
+    def _launch(self, m_cu, tables: SegTables, n_seq, t_total, seg_len, max_count, min_tiles, max_segments, stream,
+                m_ids=None, m_listed=None, n_listed=None):
+        # m_ids, m_listed, n_listed: the listed mode's, compile-time None in the others (left out
+        # of their PTX, docs/kernel_code.md)
+        self.kernel(m_cu, *tables, n_seq, t_total, seg_len, max_count, min_tiles, max_segments, m_ids, m_listed,
+                    n_listed).launch(grid=(1, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True)
 
     @cute.kernel
     def kernel(self, mCu: cute.Tensor, mSegStart: cute.Tensor, mSegPrefix: cute.Tensor, mScan: cute.Tensor,
                mFirst: cute.Tensor, mCount: cute.Tensor, mFinal: cute.Tensor, n_seq: Int32, t_total: Int32,
-               seg_len: Int32, max_count: Int32, min_tiles: Int32, max_segments: Int32):
+               seg_len: Int32, max_count: Int32, min_tiles: Int32, max_segments: Int32, mIds, mListed, n_listed):
         """The one CTA: per block of THREADS sequences the three scans and the block's segments
-        (block_segments), then the padding segments (padding). mCu is unread when dense."""
+        (block_segments), then the padding segments (padding). mCu is unread when dense. Listed
+        mode: the flags first (listed_sequences.mark_listed); an unlisted sequence then has no tile
+        and no segment (seg_count 0: the merge writes no carry for it), so its tokens belong to
+        no segment, and the listed ones are cut exactly as without a list."""
         dense = self.dense
         out = SegTables(mSegStart, mSegPrefix, mScan, mFirst, mCount, mFinal)
         tidx, _, _ = cute.arch.thread_idx()
@@ -122,6 +131,8 @@ class CpSegTables:
         # plus the CTA barriers of the first block's scans put these stores first.
         for x in cutlass.range(tidx, S, THREADS, unroll=1):
             mScan[x] = Int32(-1)
+        if cutlass.const_expr(self.listed):
+            mark_listed(mListed, mIds, n_seq, n_listed, tidx, THREADS)
 
         carry_max = Int32(0)  # c[base] (varlen)
         if cutlass.const_expr(not dense):
@@ -143,6 +154,10 @@ class CpSegTables:
                 tiles = tile_count(hi - lo)
                 by_len = Int32((Int64(tiles) + Int64(length) - 1) // Int64(length))  # 64 bits: no wrap
                 count = cutlass.max(Int32(1), cutlass.min(cutlass.min(by_len, max_count), tiles // per_seg))
+                if cutlass.const_expr(self.listed):
+                    if mListed[i] == 0:
+                        tiles = Int32(0)
+                        count = Int32(0)
             prefix, _, carry_tiles = block_scan(tiles, carry_tiles, lane, warp, sWarpTiles, False, WARPS)
             first, _, segs_end = block_scan(count, carry_segs, lane, warp, sWarpSegs, False, WARPS)
             if i < n_seq:
@@ -222,5 +237,34 @@ class CpSegTablesDense(CpSegTables):
         self._launch(tables.mSegStart, tables, n_seq, t_total, seg_len, max_count, min_tiles, max_segments, stream)
 
 
+class CpSegTablesListed(CpSegTables):
+    """A call that runs its listed sequences only (registry entries cp_seg_tables_listed_{int32,int64,
+    dense}; listed_sequences.py): the tables of CpSegTables / CpSegTablesDense over the listed
+    sequences, and the listed flags. cu_seqlens is unread when dense."""
+
+    listed = True
+
+    def __init__(self, dense: bool):
+        self.dense = dense
+
+    def __str__(self):
+        """What the kernel's PTX symbol spells for this object."""
+        return f"{type(self).__name__}_{'dense' if self.dense else 'varlen'}"
+
+    @cute.jit
+    def __call__(self, cu_seqlens: cute.Pointer, segment_ids: cute.Pointer, listed: cute.Pointer,
+                 seg_start: cute.Pointer, seg_prefix: cute.Pointer, scan_seg: cute.Pointer, seg_first: cute.Pointer,
+                 seg_count: cute.Pointer, final_slot: cute.Pointer, n_seq: Int32, n_listed: Int32, t_total: Int32,
+                 seg_len: Int32, max_count: Int32, min_tiles: Int32, max_segments: Int32, stream: cuda.CUstream):
+        """segment_ids int32 [n_listed] (any content) -> listed int32 [n_seq] (1 / 0) and the CP
+        tables of CpSegTables.__call__."""
+        tables = _tables(seg_start, seg_prefix, scan_seg, seg_first, seg_count, final_slot, n_seq, max_segments)
+        m_cu = tables.mSegStart if cutlass.const_expr(self.dense) else \
+            cute.make_tensor(cu_seqlens, cute.make_layout(n_seq + 1))
+        self._launch(m_cu, tables, n_seq, t_total, seg_len, max_count, min_tiles, max_segments, stream,
+                     cute.make_tensor(segment_ids, cute.make_layout(n_listed)),
+                     cute.make_tensor(listed, cute.make_layout(n_seq)), n_listed)
+
+
 # The registry's entry names (the manifest's): the classes whose __call__ is that host entry (compile.py).
-cp_seg_tables_varlen, cp_seg_tables_dense = CpSegTables, CpSegTablesDense
+cp_seg_tables_varlen, cp_seg_tables_dense, cp_seg_tables_listed = CpSegTables, CpSegTablesDense, CpSegTablesListed

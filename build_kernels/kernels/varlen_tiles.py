@@ -35,7 +35,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
-from .ptx_ops import atom_add_shared, lds_b32, stg_b32, sts_b32
+from .listed_sequences import mark_listed
+from .ptx_ops import atom_add_shared, ldg_b32, lds_b32, stg_b32, sts_b32
 from .tile_ops import CHUNK, await_previous_grid, block_scan, clamp_token, tile_count
 
 THREADS = 256
@@ -214,5 +215,93 @@ class SeqTablesDense:
             cute.arch.barrier()
 
 
+class SeqTablesListed:
+    """The sequence tables of a call that runs its listed sequences only (registry entries
+    seq_tables_listed_{int32,int64,dense}; listed_sequences.py): seq_start as SeqTablesVarlen /
+    SeqTablesDense write it, the tile prefix over the listed sequences' tiles (an unlisted one
+    counts 0), the listed flags, each sequence's state slot for K2's state I/O by slot, and the
+    longest-first order. The one static choice is `dense`: no cu_seqlens, every sequence
+    t_total tokens long."""
+
+    def __init__(self, dense: bool):
+        self.dense = dense
+
+    def __str__(self):
+        """What the kernel's PTX symbol spells for this object (the DSL spells a kernel method's
+        symbol from its object)."""
+        return f"{type(self).__name__}_{'dense' if self.dense else 'varlen'}"
+
+    @cute.jit
+    def __call__(self, cu_seqlens: cute.Pointer, segment_ids: cute.Pointer, state_indices: cute.Pointer,
+                 listed: cute.Pointer, listed_slot: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer,
+                 seq_order: cute.Pointer, n_seq: Int32, n_listed: Int32, t_total: Int32, stream: cuda.CUstream):
+        """cu_seqlens int32/int64 [n_seq + 1] (any content, clamped as SeqTablesVarlen does; unread
+        when dense, where t_total is every sequence's length, else the token count of q),
+        segment_ids int32 [n_listed] (any content) -> listed int32 [n_seq] (1 / 0), listed_slot int32
+        [n_seq]: state_indices[n] (null: n) for a listed sequence, -1 otherwise (null: not written),
+        seq_start, tile_prefix int32 [n_seq + 1], seq_order int32 [n_seq] (null: not written)."""
+        table = cute.make_layout(n_seq + 1)
+        per_seq = cute.make_layout(n_seq)
+        start = cute.make_tensor(seq_start, table)
+        m_cu = start if cutlass.const_expr(self.dense) else cute.make_tensor(cu_seqlens, table)
+        self.kernel(m_cu, cute.make_tensor(segment_ids, cute.make_layout(n_listed)), state_indices.toint(),
+                    cute.make_tensor(listed, per_seq), listed_slot.toint(), start, cute.make_tensor(tile_prefix, table),
+                    seq_order.toint(), n_seq, n_listed, t_total).launch(
+            grid=(1, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True)
+
+    @cute.kernel
+    def kernel(self, mCu: cute.Tensor, mIds: cute.Tensor, idx_ptr: Int64, mListed: cute.Tensor, slot_ptr: Int64,
+               mStart: cute.Tensor, mPrefix: cute.Tensor, order_ptr: Int64, n_seq: Int32, n_listed: Int32,
+               t_total: Int32):
+        """One CTA: the flags, then per block of THREADS sequences the max-scan of the clamped ends
+        (varlen), the slots and the sum-scan of the listed tiles, then the longest-first order."""
+        tidx, _, _ = cute.arch.thread_idx()
+        lane = cute.arch.lane_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        await_previous_grid()
+
+        smem = cutlass.memory.SmemAllocator()
+        sWarpMax = smem.allocate_tensor(Int32, cute.make_layout(WARPS), byte_alignment=16)
+        sWarpTotal = smem.allocate_tensor(Int32, cute.make_layout(WARPS), byte_alignment=16)
+        sHist = smem.allocate(BUCKETS * 4, byte_alignment=16)
+
+        mark_listed(mListed, mIds, n_seq, n_listed, tidx, THREADS)
+
+        first = Int32(0)
+        if cutlass.const_expr(not self.dense):
+            first = clamp_token(mCu[0], t_total)
+        if tidx == 0:
+            mPrefix[0] = Int32(0)
+            mStart[0] = first
+        carry_max = first
+        carry = Int32(0)
+        for base in cutlass.range(0, n_seq, THREADS, unroll=1):
+            i = base + tidx
+            lo = i * t_total  # dense: t_total is every sequence's length
+            hi = lo + t_total
+            if cutlass.const_expr(not self.dense):
+                end = Int32(0)
+                if i < n_seq:
+                    end = clamp_token(mCu[i + 1], t_total)
+                lo, hi, carry_max = block_scan(end, carry_max, lane, warp, sWarpMax, True, WARPS)
+            tiles = Int32(0)
+            if i < n_seq:
+                mStart[i + 1] = hi
+                slot = Int32(-1)
+                if mListed[i] != 0:
+                    tiles = tile_count(hi - lo)
+                    slot = i
+                    if idx_ptr != Int64(0):
+                        slot = ldg_b32(idx_ptr + Int64(i) * 4)
+                if slot_ptr != Int64(0):
+                    stg_b32(slot_ptr + Int64(i) * 4, slot)
+            _, upto, carry = block_scan(tiles, carry, lane, warp, sWarpTotal, False, WARPS)
+            if i < n_seq:
+                mPrefix[i + 1] = upto
+            cute.arch.barrier()
+        if order_ptr != Int64(0):
+            longest_first_order(mPrefix, order_ptr, n_seq, tidx, sHist.toint())
+
+
 # The registry's entry names (the manifest's): the classes whose __call__ is that host entry (compile.py).
-seq_tables_varlen, seq_tables_dense = SeqTablesVarlen, SeqTablesDense
+seq_tables_varlen, seq_tables_dense, seq_tables_listed = SeqTablesVarlen, SeqTablesDense, SeqTablesListed

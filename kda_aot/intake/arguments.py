@@ -23,7 +23,8 @@ from .validation import _host_entries, check_cu_seqlens_host, check_cu_seqlens_v
 
 TENSOR_ARGS = prefill_args.NAMES + ("workspace",)  # the order of `tensors` in prefill and workspace_size
 VALIDATE_MODES = ("device", "host")
-_CU_SEQLENS, _STATE_POOL, _STATE_INDICES = (TENSOR_ARGS.index(n) for n in ("cu_seqlens", "state_pool", "state_indices"))
+_CU_SEQLENS, _STATE_POOL, _STATE_INDICES, _SEGMENT_IDS = (
+    TENSOR_ARGS.index(n) for n in ("cu_seqlens", "state_pool", "state_indices", "segment_ids"))
 
 
 def check_options(final_state, output_final_state, state_pool, validate) -> None:
@@ -65,7 +66,7 @@ def read(tensors: tuple, stream) -> tuple:
 def host_hints(torch, tensors: tuple, stream, handle, seq_lens, cu_seqlens_cpu, state_indices_cpu,
                validate: str):
     """The host hint of the sequence lengths as a plan key (hint_key), with state_indices_cpu
-    checked; validate="host" reads cu_seqlens (planning with it) and state_indices back."""
+    checked; validate="host" reads cu_seqlens (planning with it), state_indices and segment_ids back."""
     hint = hint_key(seq_lens, cu_seqlens_cpu)
     state_pool, state_indices = tensors[_STATE_POOL], tensors[_STATE_INDICES]
     if state_indices_cpu is not None:
@@ -74,6 +75,8 @@ def host_hints(torch, tensors: tuple, stream, handle, seq_lens, cu_seqlens_cpu, 
         hint = read_back_hint(torch, tensors, hint, stream, handle)
         if state_indices is not None and state_pool is not None:
             read_back_indices(torch, state_indices, state_pool, stream)
+        if tensors[_SEGMENT_IDS] is not None:
+            read_back_segment_ids(torch, tensors, stream)
     return hint
 
 
@@ -186,6 +189,34 @@ def read_back_indices(torch, state_indices, state_pool, stream) -> None:
         raise RuntimeError("validate: 'host' reads state_indices back, which cannot happen while the stream is "
                            "being captured into a CUDA graph; use validate='device' there")
     check_state_indices_host(read_device_array(idx, handle).tolist(), pool.shape[0])
+
+
+def read_back_segment_ids(torch, tensors, stream) -> None:
+    """validate="host" with segment_ids: copy it back (a synchronisation) and refuse an entry outside
+    [0, N) or one listed twice (the device would skip the one and run the other once)."""
+    ids = describe(tensors[_SEGMENT_IDS], "segment_ids")
+    q = describe(tensors[0], "q")
+    cu = tensors[_CU_SEQLENS]
+    if ids.device != "cuda" or len(ids.shape) != 1 or ids.dtype != "int32" or len(q.shape) != 4:
+        return  # the wall refuses it, naming it
+    n_seq = q.shape[0] if cu is None else leading_dim(cu, "cu_seqlens") - 1
+    handle = call_stream(torch, stream, ids.device_id)
+    if streams.is_capturing(handle):
+        raise RuntimeError("validate: 'host' reads segment_ids back, which cannot happen while the stream is "
+                           "being captured into a CUDA graph; use validate='device' there")
+    check_segment_ids_host(read_device_array(ids, handle).tolist(), n_seq)
+
+
+def check_segment_ids_host(values: Sequence[int], n_seq: int) -> None:
+    """Host copy of segment_ids: each entry in [0, n_seq), none twice."""
+    seen = {}
+    for i, x in enumerate(int_entries(values, "segment_ids")):
+        if not 0 <= x < n_seq:
+            raise ValueError(f"segment_ids: entry {i} = {x} is not a sequence index in [0, {n_seq})")
+        if x in seen:
+            raise ValueError(f"segment_ids: sequence {x} appears at entries {seen[x]} and {i}; list each sequence "
+                             "once")
+        seen[x] = i
 
 
 def check_indices_hint(values, state_indices, state_pool) -> None:

@@ -61,7 +61,7 @@ def validate_prefill(*, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, in
                      state_indices=None, checkpoint_every=None, checkpoints=None,
                      checkpoint_index=None, numerics: str = "flashkda", gate: str = "safe",
                      beta_form: str = "logits", allow_neg_eigval: bool = False, checkpoint_state=None,
-                     checkpoint_offsets=None, checkpoint_slots=None) -> Problem:
+                     checkpoint_offsets=None, checkpoint_slots=None, segment_ids=None) -> Problem:
     """Check every argument of a prefill call; return the Problem or raise naming the argument.
 
     `alignment`: bytes per argument and dtype (a manifest's `arg_alignment`); default ALIGNMENT.
@@ -70,7 +70,8 @@ def validate_prefill(*, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, in
                       initial_state=initial_state, final_state=final_state, cu_seqlens=cu_seqlens,
                       state_pool=state_pool, state_indices=state_indices, checkpoints=checkpoints,
                       checkpoint_index=checkpoint_index, checkpoint_state=checkpoint_state,
-                      checkpoint_offsets=checkpoint_offsets, checkpoint_slots=checkpoint_slots)
+                      checkpoint_offsets=checkpoint_offsets, checkpoint_slots=checkpoint_slots,
+                      segment_ids=segment_ids)
     gate, beta_form, neg_eigval = parse_form(gate, beta_form, allow_neg_eigval)
     _check_kinds(t)
     _check_form_arguments(t, gate, lower_bound)
@@ -87,6 +88,7 @@ def validate_prefill(*, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, in
     n_checkpoints = (B * T) // every if every else 0
     _check_state_io_shapes(t, N, H, n_checkpoints)
     checkpoint_k = _check_checkpoint_shapes(t, N, H)
+    n_listed = _check_segment_ids_shape(segment_ids)
     strides = _check_strides(t)
     _check_contiguous({name: d for name, d in given.items() if name != "state_pool" and name not in _STRIDED})
     _check_alignment(given, ALIGNMENT if alignment is None else alignment)
@@ -98,6 +100,10 @@ def validate_prefill(*, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, in
         # the pool/checkpoint kernels (k2_ext, cp_merge_pool) are built with FlashKDA's recipe only
         raise NotImplementedError("numerics: 'accurate' with state_pool, checkpoint_every or checkpoint_offsets "
                                   "is not built; use numerics='flashkda' or initial_state/final_state")
+    if numerics == "accurate" and segment_ids is not None:
+        # a listed call keeps unlisted states untouched through K2's state I/O by slot (k2_ext),
+        # built with FlashKDA's recipe only
+        raise NotImplementedError("segment_ids: not built with numerics='accurate'; use numerics='flashkda'")
     _check_no_alias(t)
     return Problem(
         B=B, T=T, H=H, N=N,
@@ -116,7 +122,19 @@ def validate_prefill(*, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, in
         checkpoint_k=checkpoint_k,
         checkpoint_into=None if not checkpoint_k else ("buffer" if checkpoint_state is not None else "pool"),
         checkpoint_offsets_dtype=None if checkpoint_offsets is None else checkpoint_offsets.dtype,
+        listed=segment_ids is not None, n_listed=n_listed,
     )
+
+
+def _check_segment_ids_shape(segment_ids: Optional[TensorDesc]) -> int:
+    """segment_ids: int32 [M] (M >= 0) on the call's device; its values are not read here (the
+    device skips entries outside [0, N); validate="host" refuses them). Returns M (0 without)."""
+    if segment_ids is None:
+        return 0
+    if len(segment_ids.shape) != 1:
+        raise ValueError(f"segment_ids: expected int32 [M] (the indices of the sequences to run), got shape "
+                         f"{tuple(segment_ids.shape)}")
+    return int(segment_ids.shape[0])
 
 
 def _state_dtype(*states: Optional[TensorDesc]) -> Optional[str]:

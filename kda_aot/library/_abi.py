@@ -19,7 +19,7 @@ REGSTATE_VALUE_BLOCKS = (64, 128)
 MANIFEST_CONSTANTS = {'D': 128, 'CHUNK': 16, 'VALUE_BLOCKS': [128, 64, 32], 'WORKSPACE_ALIGN': 256, 'SLOT_BYTES': [['qd', 4096], ['kd', 4096], ['kr', 4096], ['gt', 512], ['inv', 512], ['mqk', 512], ['bsig', 64]], 'STATE_BYTES': 65536}
 
 # the hash of every variant's signature (a library built with KDA_KERNEL_LATTICE=all has it)
-ABI_HASH = "52b3c799921d5f29f787dd213506c506c06dad452c173d0ebbc0a318c66fac25"
+ABI_HASH = "90acb318903fdd756bf9e49025370d6f753d16071157e40484f300b0a269e19f"
 
 # every variant, shipped or measurement-only (build_kernels/registry.py all_variants)
 SIGNATURES = (
@@ -27,6 +27,7 @@ SIGNATURES = (
     'approx_rsqrt(x:ptr:float32:4, y:ptr:float32:4, n:i32, stream:stream) {"op":2}',
     'approx_tanh(x:ptr:float32:4, y:ptr:float32:4, n:i32, stream:stream) {"op":1}',
     'checkpoint_index(seq_start:ptr:int32:4, checkpoint_index:ptr:int32:4, n_seq:i32, n_slots:i32, checkpoint_every:i32, stream:stream) {}',
+    'checkpoint_index_listed(seq_start:ptr:int32:4, listed:ptr:int32:4, checkpoint_index:ptr:int32:4, n_seq:i32, n_slots:i32, checkpoint_every:i32, stream:stream) {}',
     'checkpoint_table_int32(checkpoint_offsets:ptr:int32:4, checkpoint_slots:ptr:int32:4, seq_start:ptr:int32:4, checkpoint_table:ptr:int32:4, n_seq:i32, checkpoint_k:i32, n_dest:i32, stream:stream) {}',
     'checkpoint_table_int64(checkpoint_offsets:ptr:int64:8, checkpoint_slots:ptr:int32:4, seq_start:ptr:int32:4, checkpoint_table:ptr:int32:4, n_seq:i32, checkpoint_k:i32, n_dest:i32, stream:stream) {}',
     'cp_merge_bf16(m_seg:ptr:float32:16, b_seg:ptr:float32:16, initial_state:ptr:bfloat16:16, carries:ptr:float32:16, seg_first:ptr:int32:4, seg_count:ptr:int32:4, n_seq:i32, n_heads:i32, stream:stream) {"has_initial":true,"state_fp32":false}',
@@ -43,6 +44,9 @@ SIGNATURES = (
     'cp_seg_tables_dense(seg_start:ptr:int32:4, seg_prefix:ptr:int32:4, scan_seg:ptr:int32:4, seg_first:ptr:int32:4, seg_count:ptr:int32:4, final_slot:ptr:int32:4, n_seq:i32, t_total:i32, seg_len:i32, max_count:i32, min_tiles:i32, max_segments:i32, stream:stream) {}',
     'cp_seg_tables_int32(cu_seqlens:ptr:int32:4, seg_start:ptr:int32:4, seg_prefix:ptr:int32:4, scan_seg:ptr:int32:4, seg_first:ptr:int32:4, seg_count:ptr:int32:4, final_slot:ptr:int32:4, n_seq:i32, t_total:i32, seg_len:i32, max_count:i32, min_tiles:i32, max_segments:i32, stream:stream) {}',
     'cp_seg_tables_int64(cu_seqlens:ptr:int64:8, seg_start:ptr:int32:4, seg_prefix:ptr:int32:4, scan_seg:ptr:int32:4, seg_first:ptr:int32:4, seg_count:ptr:int32:4, final_slot:ptr:int32:4, n_seq:i32, t_total:i32, seg_len:i32, max_count:i32, min_tiles:i32, max_segments:i32, stream:stream) {}',
+    'cp_seg_tables_listed_dense(cu_seqlens:ptr:int32:4, segment_ids:ptr:int32:4, listed:ptr:int32:4, seg_start:ptr:int32:4, seg_prefix:ptr:int32:4, scan_seg:ptr:int32:4, seg_first:ptr:int32:4, seg_count:ptr:int32:4, final_slot:ptr:int32:4, n_seq:i32, n_listed:i32, t_total:i32, seg_len:i32, max_count:i32, min_tiles:i32, max_segments:i32, stream:stream) {"dense":true}',
+    'cp_seg_tables_listed_int32(cu_seqlens:ptr:int32:4, segment_ids:ptr:int32:4, listed:ptr:int32:4, seg_start:ptr:int32:4, seg_prefix:ptr:int32:4, scan_seg:ptr:int32:4, seg_first:ptr:int32:4, seg_count:ptr:int32:4, final_slot:ptr:int32:4, n_seq:i32, n_listed:i32, t_total:i32, seg_len:i32, max_count:i32, min_tiles:i32, max_segments:i32, stream:stream) {"dense":false}',
+    'cp_seg_tables_listed_int64(cu_seqlens:ptr:int64:8, segment_ids:ptr:int32:4, listed:ptr:int32:4, seg_start:ptr:int32:4, seg_prefix:ptr:int32:4, scan_seg:ptr:int32:4, seg_first:ptr:int32:4, seg_count:ptr:int32:4, final_slot:ptr:int32:4, n_seq:i32, n_listed:i32, t_total:i32, seg_len:i32, max_count:i32, min_tiles:i32, max_segments:i32, stream:stream) {"dense":false}',
     'k1_prepare(q:ptr:bfloat16:16, k:ptr:bfloat16:16, g:ptr:bfloat16:16, beta:ptr:bfloat16:2, a_log:ptr:float32:4, dt_bias:ptr:float32:16, seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, ws_qd:ptr:uint8:16, ws_kd:ptr:uint8:16, ws_kr:ptr:uint8:16, ws_gt:ptr:float32:16, ws_inv:ptr:bfloat16:16, ws_mqk:ptr:bfloat16:16, ws_bsig:ptr:bfloat16:16, t_total:i32, n_seq:i32, n_heads:i32, cap:i32, q_stride_t:i64, q_stride_h:i64, k_stride_t:i64, k_stride_h:i64, g_stride_t:i64, g_stride_h:i64, beta_stride_t:i64, scale:f32, gate_c:f32, stream:stream) {"accurate":false,"beta_form":0,"g_fp32":false,"gate_form":0}',
     'k1_prepare_acc(q:ptr:bfloat16:16, k:ptr:bfloat16:16, g:ptr:bfloat16:16, beta:ptr:bfloat16:2, a_log:ptr:float32:4, dt_bias:ptr:float32:16, seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, ws_qd:ptr:uint8:16, ws_kd:ptr:uint8:16, ws_kr:ptr:uint8:16, ws_gt:ptr:float32:16, ws_inv:ptr:bfloat16:16, ws_mqk:ptr:bfloat16:16, ws_bsig:ptr:bfloat16:16, t_total:i32, n_seq:i32, n_heads:i32, cap:i32, q_stride_t:i64, q_stride_h:i64, k_stride_t:i64, k_stride_h:i64, g_stride_t:i64, g_stride_h:i64, beta_stride_t:i64, scale:f32, gate_c:f32, stream:stream) {"accurate":true,"beta_form":0,"g_fp32":false,"gate_form":0}',
     'k1_prepare_acc_strided(q:ptr:bfloat16:16, k:ptr:bfloat16:16, g:ptr:bfloat16:16, beta:ptr:bfloat16:2, a_log:ptr:float32:4, dt_bias:ptr:float32:16, seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, ws_qd:ptr:uint8:16, ws_kd:ptr:uint8:16, ws_kr:ptr:uint8:16, ws_gt:ptr:float32:16, ws_inv:ptr:bfloat16:16, ws_mqk:ptr:bfloat16:16, ws_bsig:ptr:bfloat16:16, t_total:i32, n_seq:i32, n_heads:i32, cap:i32, q_stride_t:i64, q_stride_h:i64, k_stride_t:i64, k_stride_h:i64, g_stride_t:i64, g_stride_h:i64, beta_stride_t:i64, scale:f32, gate_c:f32, stream:stream) {"accurate":true,"beta_form":0,"g_fp32":false,"gate_form":0,"strided":true}',
@@ -259,6 +263,9 @@ SIGNATURES = (
     'seq_tables_dense(seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, n_seq:i32, seq_len:i32, stream:stream) {}',
     'seq_tables_int32(cu_seqlens:ptr:int32:4, seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, seq_order:ptr:int32:4, n_seq:i32, t_total:i32, stream:stream) {}',
     'seq_tables_int64(cu_seqlens:ptr:int64:8, seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, seq_order:ptr:int32:4, n_seq:i32, t_total:i32, stream:stream) {}',
+    'seq_tables_listed_dense(cu_seqlens:ptr:int32:4, segment_ids:ptr:int32:4, state_indices:ptr:int32:4, listed:ptr:int32:4, listed_slot:ptr:int32:4, seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, seq_order:ptr:int32:4, n_seq:i32, n_listed:i32, t_total:i32, stream:stream) {"dense":true}',
+    'seq_tables_listed_int32(cu_seqlens:ptr:int32:4, segment_ids:ptr:int32:4, state_indices:ptr:int32:4, listed:ptr:int32:4, listed_slot:ptr:int32:4, seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, seq_order:ptr:int32:4, n_seq:i32, n_listed:i32, t_total:i32, stream:stream) {"dense":false}',
+    'seq_tables_listed_int64(cu_seqlens:ptr:int64:8, segment_ids:ptr:int32:4, state_indices:ptr:int32:4, listed:ptr:int32:4, listed_slot:ptr:int32:4, seq_start:ptr:int32:4, tile_prefix:ptr:int32:4, seq_order:ptr:int32:4, n_seq:i32, n_listed:i32, t_total:i32, stream:stream) {"dense":false}',
 )
 
 # the shipped lattice (registry.shipped_variants): every library holds these
@@ -267,6 +274,7 @@ SHIPPED = frozenset({
     'approx_rsqrt',
     'approx_tanh',
     'checkpoint_index',
+    'checkpoint_index_listed',
     'checkpoint_table_int32',
     'checkpoint_table_int64',
     'cp_merge_bf16',
@@ -283,6 +291,9 @@ SHIPPED = frozenset({
     'cp_seg_tables_dense',
     'cp_seg_tables_int32',
     'cp_seg_tables_int64',
+    'cp_seg_tables_listed_dense',
+    'cp_seg_tables_listed_int32',
+    'cp_seg_tables_listed_int64',
     'k1_prepare',
     'k1_prepare_acc',
     'k1_prepare_acc_strided',
@@ -452,4 +463,7 @@ SHIPPED = frozenset({
     'seq_tables_dense',
     'seq_tables_int32',
     'seq_tables_int64',
+    'seq_tables_listed_dense',
+    'seq_tables_listed_int32',
+    'seq_tables_listed_int64',
 })

@@ -93,10 +93,19 @@ def k1_reads_strided(problem: Problem) -> bool:
     return _k1_strides(problem) != contiguous_k1_strides(problem.H)
 
 
-def _sequence_tables(prog: Program, problem: Problem, off, n_seq: int, order: bool = True) -> None:
-    """The sequence tables; varlen also K2's longest-first dispatch order (`order`: in off["seq_order"])."""
+def _sequence_tables(prog: Program, problem: Problem, off, n_seq: int, order: bool = True,
+                     listed: bool = False) -> None:
+    """The sequence tables; varlen also K2's longest-first dispatch order (`order`: in off["seq_order"]).
+    `listed` (a call with segment_ids, serial): the tables over the listed sequences, with the
+    listed flags and K2's state slots (varlen_tiles.SeqTablesListed; the order dense too)."""
     tables = dict(seq_start=ws(off["seq_start"]), tile_prefix=ws(off["tile_prefix"]), n_seq=n_seq, stream=STREAM)
-    if problem.varlen:
+    if listed:
+        prog.add(f"seq_tables_listed_{problem.cu_dtype if problem.varlen else 'dense'}", dict(
+            tables, cu_seqlens=Ref("cu_seqlens") if problem.varlen else NULL, segment_ids=Ref("segment_ids"),
+            state_indices=Ref("state_indices") if problem.pooled else NULL, listed=ws(off["listed"]),
+            listed_slot=ws(off["listed_slot"]), seq_order=ws(off["seq_order"]) if order else NULL,
+            n_listed=problem.n_listed, t_total=problem.B * problem.T if problem.varlen else problem.T))
+    elif problem.varlen:
         prog.add(f"seq_tables_{problem.cu_dtype}", dict(tables, cu_seqlens=Ref("cu_seqlens"),
                                                         seq_order=ws(off["seq_order"]) if order else NULL,
                                                         t_total=problem.B * problem.T))
@@ -125,7 +134,7 @@ def _checkpoint_entries(problem: Problem) -> int:
 def serial_layout(problem: Problem):
     # the same capacity plan_serial gives K1 and K2 (varlen inputs have B == 1)
     return workspace_layout(problem.H, planner.tile_capacity(problem.T, problem.N, problem.varlen), problem.N,
-                            _checkpoint_entries(problem))
+                            _checkpoint_entries(problem), listed=problem.N if problem.listed else 0)
 
 
 def cp_tile_capacity(problem: Problem, seg: Segmentation) -> int:
@@ -134,7 +143,8 @@ def cp_tile_capacity(problem: Problem, seg: Segmentation) -> int:
 
 def cp_problem_layout(problem: Problem, seg: Segmentation):
     return cp_layout(problem.H, cp_tile_capacity(problem, seg), problem.N, seg.max_segments,
-                     sequence_tables=_checkpoints(problem), checkpoint_entries=_checkpoint_entries(problem))
+                     sequence_tables=_checkpoints(problem), checkpoint_entries=_checkpoint_entries(problem),
+                     listed=problem.N if problem.listed else 0)
 
 
 def _index_only(problem: Problem) -> bool:
@@ -154,9 +164,10 @@ def workspace_bytes(problem: Problem, seg: Optional[Segmentation]) -> int:
 
 
 def _seq_order(problem: Problem, off):
-    """K2's dispatch order: the tables kernel's longest-first order (varlen), or null (dense: equal
-    lengths, the sequence order is as good)."""
-    return ws(off["seq_order"]) if problem.varlen else NULL
+    """K2's dispatch order: the tables kernel's longest-first order (varlen, and a listed call's,
+    whose unlisted sequences have no tile), or null (dense: equal lengths, the sequence order is as
+    good)."""
+    return ws(off["seq_order"]) if problem.varlen or problem.listed else NULL
 
 
 def _checkpoints(problem: Problem) -> bool:
@@ -165,7 +176,8 @@ def _checkpoints(problem: Problem) -> bool:
 
 
 def uses_k2_ext(problem: Problem) -> bool:
-    """State I/O by slot or checkpoints: K2 through its k2_ext entry (docs/state_pool.md)."""
+    """State I/O by slot or checkpoints: K2 through its k2_ext entry (docs/state_pool.md). A serial
+    listed call takes it too: an unlisted sequence's state slot is -1, so its CTA exits untouched."""
     return problem.pooled or _checkpoints(problem)
 
 
@@ -191,15 +203,19 @@ def _checkpoint_index(prog: Program, problem: Problem, seq_start: Ref, off) -> N
             checkpoint_k=problem.checkpoint_k, n_dest=problem.n_pool if pool else problem.N * problem.checkpoint_k,
             stream=STREAM))
     if problem.n_checkpoints:
-        prog.add("checkpoint_index", dict(seq_start=seq_start, checkpoint_index=Ref("checkpoint_index"),
-                                          n_seq=problem.N, n_slots=problem.n_checkpoints,
-                                          checkpoint_every=problem.checkpoint_every, stream=STREAM))
+        # a listed call: an unlisted sequence's slots are holes (the flags of the call's table kernel)
+        listed = dict(listed=ws(off["listed"])) if problem.listed else {}
+        prog.add("checkpoint_index_listed" if problem.listed else "checkpoint_index", dict(
+            seq_start=seq_start, checkpoint_index=Ref("checkpoint_index"), n_seq=problem.N,
+            n_slots=problem.n_checkpoints, checkpoint_every=problem.checkpoint_every, stream=STREAM, **listed))
 
 
-def _k2_ext_args(problem: Problem, initial: Optional[Ref], off) -> dict:
+def _k2_ext_args(problem: Problem, initial: Optional[Ref], off, listed_slots: bool = False) -> dict:
     """k2_ext's state arguments: the pool (slots state_indices[n], its slot stride), or the plain
     states as a pool with slot n and a dense stride, and the checkpoints: every C tokens into
-    `checkpoints`, or at given offsets into `checkpoint_state` [N, K] entries or pool slots."""
+    `checkpoints`, or at given offsets into `checkpoint_state` [N, K] entries or pool slots.
+    `listed_slots` (a serial listed call): the slots of the listed table kernel instead, the
+    same but -1 for an unlisted sequence."""
     if problem.pooled:
         initial = Ref("state_pool") if initial is None else initial
         final, index, stride, n_pool = Ref("state_pool"), Ref("state_indices"), problem.slot_stride, problem.n_pool
@@ -221,7 +237,7 @@ def _k2_ext_args(problem: Problem, initial: Optional[Ref], off) -> dict:
     return dict(initial_state=initial, final_state=final, state_index=index, slot_stride=stride, n_pool=n_pool,
                 checkpoints=checkpoints, checkpoint_every=every, n_real=problem.N,
                 checkpoint_table=ws(off["checkpoint_table"]) if k else NULL, checkpoint_k=k,
-                checkpoint_stride=ck_stride)
+                checkpoint_stride=ck_stride, **(dict(state_index=ws(off["listed_slot"])) if listed_slots else {}))
 
 
 def _ext_dtype(problem: Problem) -> str:
@@ -264,7 +280,7 @@ def serial_launch(lib: KernelLibrary, problem: Problem, sm_count: int, value_spl
         layout = serial_layout(problem)
         off = layout.pointers(0)
         # no K2 reads a dispatch order here: the tables kernel skips its sort (null seq_order)
-        _sequence_tables(prog, problem, off, problem.N, order=False)
+        _sequence_tables(prog, problem, off, problem.N, order=False, listed=problem.listed)
         _checkpoint_index(prog, problem, ws(off["seq_start"]), off)
         return Launch(prog.finish(), layout.nbytes, "serial")
     if problem.N == 0 or problem.H == 0:
@@ -272,17 +288,17 @@ def serial_launch(lib: KernelLibrary, problem: Problem, sm_count: int, value_spl
     cap = plan.tile_capacity
     layout = serial_layout(problem)
     off = layout.pointers(0)
-    _sequence_tables(prog, problem, off, problem.N)
+    _sequence_tables(prog, problem, off, problem.N, listed=problem.listed)
     _checkpoint_index(prog, problem, ws(off["seq_start"]), off)
     if cap > 0:
         _k1(prog, problem, off, problem.N, cap)
     vb = plan.k2_constants["value_block"]
-    if uses_k2_ext(problem) or _forced_k2_ext(problem):
+    if uses_k2_ext(problem) or problem.listed or _forced_k2_ext(problem):
         prog.add(k2_kernel_name(lib, f"k2_ext_{_ext_dtype(problem)}_vb{vb}", vb), dict(
             v=Ref("v"), out=Ref("out"), **_workspace_args(off), seq_start=ws(off["seq_start"]),
             tile_prefix=ws(off["tile_prefix"]), seq_order=_seq_order(problem, off), final_slot=NULL,
             real_seq_start=ws(off["seq_start"]),
-            **_k2_ext_args(problem, None, off), t_total=problem.B * problem.T, n_seq=problem.N, n_heads=problem.H,
+            **_k2_ext_args(problem, None, off, listed_slots=problem.listed), t_total=problem.B * problem.T, n_seq=problem.N, n_heads=problem.H,
             cap=cap, **_v_strides(problem), stream=STREAM))
         return Launch(prog.finish(), layout.nbytes, "serial")
     prog.add(k2_kernel_name(lib, planner.k2_variant(plan.k2_constants), vb), dict(
@@ -320,7 +336,11 @@ def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count:
                   seg_first=ws(off["seg_first"]), seg_count=ws(off["seg_count"]), final_slot=ws(off["final_slot"]),
                   n_seq=N, seg_len=seg.seg_len, max_count=seg.max_count, min_tiles=seg.min_tiles, max_segments=S,
                   stream=STREAM)
-    if problem.varlen:
+    if problem.listed:  # the listed sequences only, cut as without a list (cp_seg_tables.CpSegTablesListed)
+        prog.add(f"cp_seg_tables_listed_{problem.cu_dtype if problem.varlen else 'dense'}", dict(
+            tables, cu_seqlens=Ref("cu_seqlens") if problem.varlen else NULL, segment_ids=Ref("segment_ids"),
+            listed=ws(off["listed"]), n_listed=problem.n_listed, t_total=t_total if problem.varlen else problem.T))
+    elif problem.varlen:
         prog.add(f"cp_seg_tables_{problem.cu_dtype}", dict(tables, cu_seqlens=Ref("cu_seqlens"), t_total=t_total))
     else:
         prog.add("cp_seg_tables_dense", dict(tables, t_total=problem.T))  # dense: tokens per sequence

@@ -31,14 +31,18 @@ class WorkspaceLayout:
         return {name: base + off for name, (off, _) in self.regions.items()}
 
 
-def workspace_layout(n_heads: int, tile_capacity: int, n_seq: int, checkpoint_entries: int = 0) -> WorkspaceLayout:
+def workspace_layout(n_heads: int, tile_capacity: int, n_seq: int, checkpoint_entries: int = 0,
+                     listed: int = 0) -> WorkspaceLayout:
     """Regions for the sequence tables (int32 [N+1] each), K2's dispatch order (int32 [N]) and the
     per-(head, tile) quantities; with `checkpoint_entries` = N * K > 0 (checkpoints at given
-    offsets, docs/state_pool.md) also the checkpoint table, int32 [N * K, 2], at the end."""
+    offsets, docs/state_pool.md) also the checkpoint table, int32 [N * K, 2], at the end; with
+    `listed` = N > 0 (segment_ids) then the listed flags and state slots, int32 [N] each."""
     regions: Dict[str, Tuple[int, int]] = {}
     offset = 0
     table = 4 * (n_seq + 1)
     extra = [("checkpoint_table", 8 * checkpoint_entries)] if checkpoint_entries else []
+    if listed:
+        extra += [("listed", 4 * listed), ("listed_slot", 4 * listed)]
     for name, nbytes in [("seq_start", table), ("tile_prefix", table), ("seq_order", 4 * n_seq)] + [
             (name, n_heads * tile_capacity * per_slot) for name, per_slot in SLOT_BYTES] + extra:
         regions[name] = (offset, nbytes)
@@ -47,20 +51,20 @@ def workspace_layout(n_heads: int, tile_capacity: int, n_seq: int, checkpoint_en
 
 
 def cp_layout(n_heads: int, tile_capacity: int, n_seq: int, max_segments: int,
-              sequence_tables: bool = False, checkpoint_entries: int = 0) -> WorkspaceLayout:
+              sequence_tables: bool = False, checkpoint_entries: int = 0, listed: int = 0) -> WorkspaceLayout:
     """A CP call's workspace: K1's regions with the segment tables in place of the sequence tables
     (`seq_start` / `tile_prefix` sized for `max_segments`), the other segment tables the device
     builds (cp_seg_tables), then the fp32 scratch of docs/algorithm.md §4.7 for every possible segment.
     `sequence_tables`: also the sequences' own tables (`real_seq_start` / `real_tile_prefix`,
     [n_seq + 1] each), which checkpoints need (docs/state_pool.md); `checkpoint_entries`: as in
-    workspace_layout."""
+    workspace_layout; `listed` = n_seq > 0 (segment_ids): the listed flags, int32 [n_seq]."""
     base = workspace_layout(n_heads, tile_capacity, max_segments, checkpoint_entries)
     regions, offset = dict(base.regions), base.nbytes
     scratch = max_segments * n_heads * STATE_BYTES
     extra = (("real_seq_start", 4 * (n_seq + 1)), ("real_tile_prefix", 4 * (n_seq + 1))) if sequence_tables else ()
     for name, nbytes in (("scan_seg", 4 * max_segments), ("seg_first", 4 * n_seq), ("seg_count", 4 * n_seq),
                          ("final_slot", 4 * max_segments), ("b_seg", scratch), ("m_seg", scratch),
-                         ("carries", scratch)) + extra:
+                         ("carries", scratch)) + extra + ((("listed", 4 * listed),) if listed else ()):
         regions[name] = (offset, nbytes)
         offset = _round_up(offset + nbytes)
     return WorkspaceLayout(regions, offset)

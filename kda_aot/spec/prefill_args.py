@@ -53,6 +53,7 @@ ARGS: Tuple[TensorArg, ...] = (
     TensorArg("checkpoint_state", _STATE, "written", state=True),
     TensorArg("checkpoint_offsets", {I32: 4, I64: 8}, "read"),
     TensorArg("checkpoint_slots", {I32: 4}, "read"),
+    TensorArg("segment_ids", {I32: 4}, "read"),  # the sequences the call runs (docs/state_pool.md)
 )
 
 NAMES: Tuple[str, ...] = tuple(a.name for a in ARGS)

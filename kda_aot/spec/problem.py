@@ -54,6 +54,10 @@ class Problem:
     checkpoint_k: int = 0
     checkpoint_into: Optional[str] = None
     checkpoint_offsets_dtype: Optional[str] = None
+    # Listed sequences (segment_ids, docs/state_pool.md): the call runs the sequences its int32 [M]
+    # list names and leaves every other one untouched; n_listed = M.
+    listed: bool = False
+    n_listed: int = 0
 
 
 def parse_cp(cp, name: str = "cp") -> CpMode:
