@@ -807,9 +807,34 @@ def contract_cost(args) -> int:
                           args.warmup)
         print(f"  strided H={H} {shape_key(lens)}: contiguous {packed:.3f} ms, column slices of one projection "
               f"{strided:.3f} ms ({(strided / packed - 1) * 100:+.1f} %)", flush=True)
+    listed_cost(args)
     for label, us in entry_host_costs():
         print(f"  host {label}: {us:.1f} us per call", flush=True)
     return 0
+
+
+LISTED_ROW = (32, [1024] * 16)  # H, lengths: a batch whose sequences a step lists some of
+
+
+def listed_cost(args) -> None:
+    """GPU time of a call with segment_ids (docs/state_pool.md, "Listed sequences") against the
+    same call without one: its work should follow the listed sequences' tokens."""
+    import torch
+
+    import kda_aot
+
+    H, lens = LISTED_ROW
+    x, cu, out, final = make_case(H, lens)
+    kw = dict(A_log=x["A_log"], dt_bias=x["dt_bias"], initial_state=x["initial_state"], output_final_state=True,
+              cu_seqlens=cu, out=out, final_state=final)
+    full = time_ms(lambda: kda_aot.prefill(*(x[n] for n in "qkvg"), x["beta"], **kw), args.iters, args.warmup)
+    print(f"  segment_ids H={H} {shape_key(lens)}: no list {full:.3f} ms", flush=True)
+    for m in (len(lens), len(lens) // 2, 1, 0):
+        ids = torch.arange(m, device="cuda", dtype=torch.int32)
+        ms = time_ms(lambda: kda_aot.prefill(*(x[n] for n in "qkvg"), x["beta"], segment_ids=ids, **kw), args.iters,
+                     args.warmup)
+        print(f"  segment_ids H={H} {shape_key(lens)}: {m} of {len(lens)} listed {ms:.3f} ms "
+              f"({ms / full * 100:.0f} % of no list)", flush=True)
 
 
 def state_io_cost(args) -> int:
@@ -884,6 +909,13 @@ def entry_host_costs(n_sets: int = 64) -> list:
         return flashkda_compat.fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5, o, x["A_log"],
                                    x["dt_bias"], -5.0, s0, f, cu, workspace=ws)
 
+    ids = torch.zeros(1, dtype=torch.int32, device="cuda")
+
+    def compat_listed():
+        x, cu, o, f, ws, s0 = nxt()
+        return flashkda_compat.fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], 128 ** -0.5, o, x["A_log"],
+                                   x["dt_bias"], -5.0, s0, f, cu, workspace=ws, segment_ids=ids)
+
     def torch_chunk():
         x, cu, o, f, ws, s0 = nxt()
         return kt.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=s0, output_final_state=True,
@@ -894,6 +926,7 @@ def entry_host_costs(n_sets: int = 64) -> list:
     with torch.inference_mode():
         rows.append(("kda_aot.prefill, buffers given", host_us(prefill)))
         rows.append(("kda_aot.flashkda_compat.fwd, buffers given", host_us(compat)))
+        rows.append(("kda_aot.flashkda_compat.fwd, buffers given, segment_ids", host_us(compat_listed)))
         rows.append(("kda_aot.torch.chunk_kda (outputs allocated)", host_us(torch_chunk)))
         try:
             from fla.ops.kda import chunk_kda as fla_chunk_kda

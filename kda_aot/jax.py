@@ -64,6 +64,8 @@ _NOT_TAKEN = {
     "value_split": "it is a measurement option of kda_aot.prefill",
     **dict.fromkeys(("checkpoint_every", "checkpoints", "checkpoint_index", "checkpoint_offsets",
                      "checkpoint_state", "checkpoint_slots"), "checkpoints are taken by kda_aot.prefill (eager)"),
+    "segment_ids": "it leaves the unlisted sequences' rows of caller-owned outputs untouched, and JAX outputs are "
+                   "new arrays; call kda_aot.prefill (eager) with out= and final_state=",
 }
 
 # The custom call's operands, in this order (each only when given).
