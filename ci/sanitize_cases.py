@@ -40,6 +40,10 @@ def run_pool(lens, H, dtype, cp="off", **kw):
     return result
 
 
+def _ids(values):
+    return torch.tensor(values, dtype=torch.int32, device="cuda")
+
+
 def run_form(lens, H, gate, beta_form="logits", g_scale=1.0, g_fp32=False, beta_fp32=False, **kw):
     """The general K1 (docs/gate_forms.md): g scaled by g_scale so that, with softplus and A = 16,
     most tiles are wide (their products formed element by element) and some are not."""
@@ -143,6 +147,19 @@ CASES = {
     "form-logdecay-wide-acc": lambda: run_form([300, 17], 2, "log_decay", "probs", g_scale=40.0, g_fp32=True,
                                                beta_fp32=True, numerics="accurate"),
     "form-softplus-wide-cp": lambda: run_form([1200], 2, "softplus", g_scale=12.0, cp=4),
+    # segment_ids (docs/state_pool.md, "Listed sequences"): entries out of range and repeated,
+    # serial and CP, with a pool, checkpoints every C and at given offsets; an empty list
+    "listed-serial": lambda: run([300, 17, 0, 130], 2, "fp32", segment_ids=_ids([2, 0, 0, -1, 9])),
+    "listed-dense": lambda: run(None, 2, "bf16", dense=(3, 100), segment_ids=_ids([2])),
+    "listed-empty": lambda: run([300, 17], 2, "bf16", segment_ids=_ids([])),
+    "listed-cp-checkpoints": lambda: run([1200, 300, 64], 2, "bf16", cp=4, checkpoint_every=32,
+                                         segment_ids=_ids([0, 2, 2147483647])),
+    "listed-pool-serial": lambda: run_pool([300, 17, 64], 2, torch.bfloat16, segment_ids=_ids([1, 2])),
+    "listed-pool-cp-offsets": lambda: run_pool([1200, 300], 2, torch.float32, cp=4, segment_ids=_ids([1]),
+                                               checkpoint_offsets=torch.tensor([[1104, 64], [256, -1]],
+                                                                               dtype=torch.int32, device="cuda"),
+                                               checkpoint_slots=torch.tensor([[0, 1], [2, 3]], dtype=torch.int32,
+                                                                             device="cuda")),
 }
 
 
