@@ -46,6 +46,7 @@ _PREFILL_ARG = {
     "cu_seqlens": ("cu_seqlens",), "state_pool": ("state_pool",), "state_index": ("state_indices",),
     "checkpoints": ("checkpoints", "checkpoint_state"), "checkpoint_index": ("checkpoint_index",),
     "checkpoint_offsets": ("checkpoint_offsets",), "checkpoint_slots": ("checkpoint_slots",),
+    "segment_ids": ("segment_ids",),
 }
 
 

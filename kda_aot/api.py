@@ -351,10 +351,11 @@ def workspace_size(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any = No
 def workspace_size_for(T: int, H: int, *, N: int = 1, varlen: bool = False, cu_dtype: str = "int32",
                        seq_lens: Optional[Sequence[int]] = None, cp: Union[str, int] = "auto", sm_count: int = 132,
                        has_initial: bool = False, has_final: bool = False,
-                       checkpoint_every: Optional[int] = None, checkpoint_k: int = 0) -> int:
+                       checkpoint_every: Optional[int] = None, checkpoint_k: int = 0, listed: bool = False) -> int:
     """Bytes of workspace for a problem given by its shapes: dense [N, T] (varlen=False) or packed T
     tokens in N sequences (varlen=True, optional host `seq_lens`), H heads, on `sm_count` SMs.
-    `checkpoint_k`: checkpoints at given offsets per sequence (0, 1 or 2; checkpoint_offsets' K)."""
+    `checkpoint_k`: checkpoints at given offsets per sequence (0, 1 or 2; checkpoint_offsets' K);
+    `listed`: a call with `segment_ids` (of any length)."""
     from .plan import launcher
     from .intake.validation import check_checkpoint_every
     from .spec.problem import Problem, parse_cp
@@ -375,7 +376,7 @@ def workspace_size_for(T: int, H: int, *, N: int = 1, varlen: bool = False, cu_d
                       has_final=has_final, scale=D ** -0.5, lower_bound=-5.0, device_id=0, cp=parse_cp(cp),
                       checkpoint_every=every, n_checkpoints=(B * T) // every if every else 0,
                       checkpoint_k=checkpoint_k, checkpoint_into="buffer" if checkpoint_k else None,
-                      checkpoint_offsets_dtype="int32" if checkpoint_k else None)
+                      checkpoint_offsets_dtype="int32" if checkpoint_k else None, listed=bool(listed))
     if varlen:
         lengths = arguments.hint_lengths(arguments.hint_key(seq_lens, None), N, T)
     else:

@@ -234,10 +234,12 @@ def _k2_ext_args(problem: Problem, initial: Optional[Ref], off, listed_slots: bo
         ck_stride = problem.slot_stride if into_pool else state_elems
     else:
         checkpoints, ck_stride = NULL, 0
+    if listed_slots:
+        index = ws(off["listed_slot"])
     return dict(initial_state=initial, final_state=final, state_index=index, slot_stride=stride, n_pool=n_pool,
                 checkpoints=checkpoints, checkpoint_every=every, n_real=problem.N,
                 checkpoint_table=ws(off["checkpoint_table"]) if k else NULL, checkpoint_k=k,
-                checkpoint_stride=ck_stride, **(dict(state_index=ws(off["listed_slot"])) if listed_slots else {}))
+                checkpoint_stride=ck_stride)
 
 
 def _ext_dtype(problem: Problem) -> str:

@@ -410,8 +410,8 @@ def test_phases_order_the_checkpoint_errors():
 
 def test_pointer_vector_order():
     ck = program.INPUTS.index("checkpoint_index")
-    assert program.INPUTS[ck + 1:] == ("checkpoint_state", "checkpoint_offsets", "checkpoint_slots", "workspace",
-                                       "stream")
+    assert program.INPUTS[ck + 1:] == ("checkpoint_state", "checkpoint_offsets", "checkpoint_slots", "segment_ids",
+                                       "workspace", "stream")
     assert program.INPUTS == arguments.TENSOR_ARGS + ("stream",)
 
 

@@ -96,7 +96,8 @@ def test_op_schema_follows_the_vllm_fork_and_declares_the_written_arguments():
     names = [a.name for a in schema.arguments]
     # the fork's torch.ops._flashkda_C.fwd order: workspace right after out, checkpoints last
     assert names == ["q", "k", "v", "g", "beta", "scale", "out", "workspace", "A_log", "dt_bias", "lower_bound",
-                     "initial_state", "final_state", "cu_seqlens", "checkpoint_state", "checkpoint_offsets", "cp"]
+                     "initial_state", "final_state", "cu_seqlens", "checkpoint_state", "checkpoint_offsets", "cp",
+                     "use_vsplit", "segment_ids"]
     written = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
     assert written == ["out", "workspace", "final_state", "checkpoint_state"]
     assert str(schema).endswith("-> ()")
@@ -158,14 +159,14 @@ def test_op_refuses_checkpoint_offsets_without_state_at_trace_time():
 # ---------------------------------------------------------------------------------------------
 # get_workspace_size: one buffer for the maxima serves every smaller call
 
-def _need(T, H, N, lens, varlen, cp, sm, checkpoint_k=0):
+def _need(T, H, N, lens, varlen, cp, sm, checkpoint_k=0, listed=False):
     """The exact workspace of one fwd call: dense [N, T // N] (lens None) or packed `lens`,
     with cu_seqlens on the device only (FlashKDA's call gives no host lengths)."""
     if not varlen:
         return kda_aot.workspace_size_for(T // N, H, N=N, varlen=False, cp=cp, sm_count=sm, has_initial=True,
-                                          has_final=True, checkpoint_k=checkpoint_k)
+                                          has_final=True, checkpoint_k=checkpoint_k, listed=listed)
     return kda_aot.workspace_size_for(T, H, N=N, varlen=True, cp=cp, sm_count=sm, has_final=True,
-                                      checkpoint_k=checkpoint_k)
+                                      checkpoint_k=checkpoint_k, listed=listed)
 
 
 @pytest.mark.parametrize("cp", ["off", "auto"])
@@ -174,7 +175,8 @@ def _need(T, H, N, lens, varlen, cp, sm, checkpoint_k=0):
 def test_get_workspace_size_bounds_every_smaller_call(T_max, H, N_max, sm, cp):
     bound = fk.get_workspace_size(T_max, H, N_max, cp=cp, sm_count=sm)
     serial_max = _need(T_max, H, N_max, None, True, "off", sm)
-    with_table = _need(T_max, H, N_max, None, True, "off", sm, checkpoint_k=2)  # checkpoints at offsets, K = 2
+    # checkpoints at offsets, K = 2, and segment_ids
+    with_table = _need(T_max, H, N_max, None, True, "off", sm, checkpoint_k=2, listed=True)
     assert serial_max <= with_table
     assert bound == with_table if cp == "off" else bound >= with_table
     rng = random.Random(T_max * H + N_max)
@@ -183,11 +185,12 @@ def test_get_workspace_size_bounds_every_smaller_call(T_max, H, N_max, sm, cp):
         N = rng.randint(1, N_max)
         T = rng.randint(0, T_max)
         k = rng.choice((0, 1, 2))  # checkpoints at given offsets per sequence
+        listed = rng.random() < 0.5  # segment_ids
         if rng.random() < 0.3:  # dense [B, T'] with B * T' <= T
             T = T // N * N
-            need = _need(T, H, N, None, False, cp, sm, k)
+            need = _need(T, H, N, None, False, cp, sm, k, listed)
         else:
-            need = _need(T, H, N, None, True, cp, sm, k)
+            need = _need(T, H, N, None, True, cp, sm, k, listed)
         worst = max(worst, need)
         assert need <= bound, (T, N, need, bound)
     for N in (1, min(N_max, max(1, sm // H)), N_max):  # the corners: all tokens, most segments

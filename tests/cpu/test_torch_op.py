@@ -82,11 +82,11 @@ def test_schemas_declare_exactly_the_written_arguments():
 
     assert schema(kt.PREFILL_OUT).endswith('str gate="safe", str beta_form="logits", '
                                            "bool allow_neg_eigval=False, Tensor? checkpoint_offsets=None, "
-                                           "Tensor(!)? checkpoint_state=None) -> ()")
+                                           "Tensor(!)? checkpoint_state=None, Tensor? segment_ids=None) -> ()")
     assert schema(kt.PREFILL_POOL).endswith('str gate="safe", str beta_form="logits", '
                                             "bool allow_neg_eigval=False, Tensor? checkpoint_offsets=None, "
-                                            "Tensor(!)? checkpoint_state=None, Tensor? checkpoint_slots=None) "
-                                            "-> Tensor")
+                                            "Tensor(!)? checkpoint_state=None, Tensor? checkpoint_slots=None, "
+                                            "Tensor? segment_ids=None) -> Tensor")
 
 
 # ---------------------------------------------------------------------------------------------
