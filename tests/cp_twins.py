@@ -10,7 +10,7 @@ kernels' format: what the tests compare the kernels' tables with (docs/kernel_ab
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from kda_aot.library.abi_constants import CHUNK
 from kda_aot.plan.cp_plan import INT32_MAX, CPPlan
@@ -69,15 +69,32 @@ def clamp_cu(cu: Sequence[int], t_total: int) -> List[int]:
     return out
 
 
-def device_seq_tables(cu: Sequence[int], t_total: int) -> Tuple[List[int], List[int]]:
+def device_seq_tables(cu: Sequence[int], t_total: int,
+                      listed: Optional[Sequence[int]] = None) -> Tuple[List[int], List[int]]:
     """(seq_start, tile_prefix) [N+1] as seq_tables_int32/int64 write them (docs/kernel_abi.md):
     the clamped starts and the prefix sum of ceil(len / 16). Tokens outside [c[0], c[N]) belong to
-    no sequence; tile_prefix[N] <= ceil(t_total / 16) + N - 1."""
+    no sequence; tile_prefix[N] <= ceil(t_total / 16) + N - 1. `listed` (the flags of
+    listed_flags; seq_tables_listed_*): an unlisted sequence counts no tile."""
     c = clamp_cu(cu, t_total)
     prefix = [0]
-    for a, b in zip(c, c[1:]):
-        prefix.append(prefix[-1] + _ceil_div(b - a, CHUNK))
+    for n, (a, b) in enumerate(zip(c, c[1:])):
+        prefix.append(prefix[-1] + (_ceil_div(b - a, CHUNK) if listed is None or listed[n] else 0))
     return c, prefix
+
+
+def listed_flags(segment_ids: Sequence[int], n_seq: int) -> List[int]:
+    """Twin of listed_sequences.mark_listed: 1 for every sequence the list names, entries outside
+    [0, n_seq) skipped, repeats idempotent."""
+    flags = [0] * n_seq
+    for x in segment_ids:
+        if 0 <= int(x) < n_seq:
+            flags[int(x)] = 1
+    return flags
+
+
+def listed_slots(flags: Sequence[int], state_indices: Optional[Sequence[int]] = None) -> List[int]:
+    """seq_tables_listed_*'s listed_slot: state_indices[n] (or n) for a listed sequence, else -1."""
+    return [(n if state_indices is None else int(state_indices[n])) if f else -1 for n, f in enumerate(flags)]
 
 
 def dispatch_key(tiles: int) -> int:
@@ -104,7 +121,7 @@ def dense_cu(n_seq: int, seq_len: int) -> List[int]:
 
 
 def device_segment_tables(cu: Sequence[int], t_total: int, seg_len: int, max_count: int, min_tiles: int,
-                          max_segments: int) -> Tuple[List[int], ...]:
+                          max_segments: int, listed: Optional[Sequence[int]] = None) -> Tuple[List[int], ...]:
     """Exact twin of the cp_seg_tables kernels: (seg_start [S+1], seg_prefix [S+1], scan_seg [S],
     seg_first [N], seg_count [N], final_slot [S]) for S = max_segments, from cu_seqlens of any
     content (clamped as device_seq_tables does).
@@ -121,8 +138,12 @@ def device_segment_tables(cu: Sequence[int], t_total: int, seg_len: int, max_cou
     from S on are dropped: entry S is where segment S would start, seg_first[n] = min(first, S),
     seg_count[n] counts only the kept segments, and a sequence whose last segment was dropped
     writes no final state. Nothing is written past S or N entries. seg_len and min_tiles below 1
-    count as 1 (no division by zero whatever the scalars)."""
-    c, prefix = device_seq_tables(cu, t_total)
+    count as 1 (no division by zero whatever the scalars).
+
+    `listed` (the flags; cp_seg_tables_listed_*): an unlisted sequence has no tile and one empty
+    segment at its start, which ends the segment before it; its seg_count is 0 and that segment
+    has no final slot."""
+    c, prefix = device_seq_tables(cu, t_total, listed)
     N, S = len(c) - 1, max_segments
     L, per_tiles = max(1, seg_len), max(1, min_tiles)
     seg_start, seg_prefix = [c[N]] * (S + 1), [prefix[N]] * (S + 1)
@@ -133,7 +154,7 @@ def device_segment_tables(cu: Sequence[int], t_total: int, seg_len: int, max_cou
         tiles = prefix[n + 1] - prefix[n]
         count = max(1, min(_ceil_div(tiles, L), max_count, tiles // per_tiles))
         seg_first.append(min(first, S))
-        seg_count.append(max(0, min(count, S - first)))
+        seg_count.append(max(0, min(count, S - first)) if listed is None or listed[n] else 0)
         base, extra = divmod(tiles, count)
         for i in range(min(count, S + 1 - first)):
             s = first + i
@@ -143,7 +164,7 @@ def device_segment_tables(cu: Sequence[int], t_total: int, seg_len: int, max_cou
             if s == S:  # only the end of segment S - 1
                 break
             if i == count - 1:
-                final_slot[s] = n
+                final_slot[s] = n if listed is None or listed[n] else -1
             else:
                 scan_seg[first - n + i] = s
         first += count

@@ -107,8 +107,11 @@ class CpSegTables:
         """The one CTA: per block of THREADS sequences the three scans and the block's segments
         (block_segments), then the padding segments (padding). mCu is unread when dense. Listed
         mode: the flags first (listed_sequences.mark_listed); an unlisted sequence then has no tile
-        and no segment (seg_count 0: the merge writes no carry for it), so its tokens belong to
-        no segment, and the listed ones are cut exactly as without a list."""
+        and one empty segment at its start, with no final slot and seg_count 0 (the merge writes
+        no carry for it). The empty segment is what ends the listed segment before it at the right
+        token: K1 and K2 take a segment's end from the next segment's start, and without it the
+        last tile of a listed sequence followed by an unlisted one would run on into the unlisted
+        tokens. The listed sequences are cut exactly as without a list."""
         dense = self.dense
         out = SegTables(mSegStart, mSegPrefix, mScan, mFirst, mCount, mFinal)
         tidx, _, _ = cute.arch.thread_idx()
@@ -157,12 +160,15 @@ class CpSegTables:
                 if cutlass.const_expr(self.listed):
                     if mListed[i] == 0:
                         tiles = Int32(0)
-                        count = Int32(0)
+                        count = Int32(1)  # the empty boundary segment (kernel docstring)
             prefix, _, carry_tiles = block_scan(tiles, carry_tiles, lane, warp, sWarpTiles, False, WARPS)
             first, _, segs_end = block_scan(count, carry_segs, lane, warp, sWarpSegs, False, WARPS)
             if i < n_seq:
                 mFirst[i] = cutlass.min(first, S)
                 mCount[i] = cutlass.max(Int32(0), cutlass.min(count, S - first))
+                if cutlass.const_expr(self.listed):
+                    if mListed[i] == 0:
+                        mCount[i] = Int32(0)  # no carry: the merge skips the sequence
                 sv.sFirst[tidx] = first
                 sv.sCount[tidx] = count
                 sv.sTiles[tidx] = tiles
@@ -170,7 +176,7 @@ class CpSegTables:
                 sv.sStart[tidx] = lo
             cute.arch.barrier()
 
-            self.block_segments(out, sv, n_seq, base, tidx, carry_segs, segs_end, S)
+            self.block_segments(out, sv, n_seq, base, tidx, carry_segs, segs_end, S, mListed)
             carry_segs = segs_end
             # The block's shared arrays and warp results are overwritten by the next block.
             cute.arch.barrier()
@@ -179,7 +185,7 @@ class CpSegTables:
 
     @cute.jit
     def block_segments(self, out: SegTables, sv: BlockValues, n_seq: Int32, base: Int32, tidx: Int32,
-                       carry_segs: Int32, segs_end: Int32, S: Int32):
+                       carry_segs: Int32, segs_end: Int32, S: Int32, mListed=None):
         """The block's segments, entry S included (the end of segment S - 1 when it is not padding):
         thread by thread, each finds its sequence by a binary search over the block's F."""
         n_block = cutlass.min(n_seq - base, Int32(THREADS))
@@ -201,7 +207,11 @@ class CpSegTables:
             out.mSegPrefix[s] = sv.sPrefix[k] + local
             if s < S:
                 if part == c_n - 1:
-                    out.mFinal[s] = seq
+                    final = seq
+                    if cutlass.const_expr(self.listed):
+                        if mListed[seq] == 0:
+                            final = Int32(-1)  # an unlisted sequence's boundary segment: no final state
+                    out.mFinal[s] = final
                 else:
                     out.mFinal[s] = Int32(-1)
                     out.mScan[f - seq + part] = s

@@ -157,3 +157,69 @@ def test_calls_without_a_list_launch_what_they_did(rec):
 
     call(problem_args(H=2, lens=[100, 60], state="float32"), cp="off", workspace=_ws())
     assert [launch.name for launch in rec.last] == ["seq_tables_int32", "k1_prepare", "k2_regstate_inout_f32_vb64"]
+
+
+# ------------------------------------------------------------------------------------------------
+# the listed tables' twins (tests/cp_twins.py; the GPU tests hold the kernels to them)
+
+def _segments_of(tables, n):
+    """(token start, token end, tiles) of each segment of sequence n in device_segment_tables' output."""
+    seg_start, seg_prefix, _, seg_first, _, _ = tables
+    out = []
+    s = seg_first[n]
+    while s < len(seg_start) - 1:
+        out.append((seg_start[s], seg_start[s + 1], seg_prefix[s + 1] - seg_prefix[s]))
+        s += 1
+        if s - seg_first[n] >= 64:
+            break
+    return out
+
+
+def test_listed_segments_are_the_full_launch_segments_and_end_where_they_should():
+    """Every listed sequence is cut into the same segments as without a list (starts, ends, tile
+    counts), each ending where the next segment of the call starts; an unlisted sequence has no
+    tile, no carry (seg_count 0) and no final slot. Random lengths (empty ones and partial last
+    tiles), lists, and the segment parameters of host and device plans."""
+    import random
+
+    from cp_twins import device_segment_tables, listed_flags
+
+    rng = random.Random(5)
+    for trial in range(400):
+        N = rng.choice([1, 2, 3, 8, 40])
+        lens = [rng.choice([0, 1, 15, 16, 17, 300, 1000, rng.randint(0, 3000)]) for _ in range(N)]
+        cu = [0]
+        for x in lens:
+            cu.append(cu[-1] + x)
+        ids = [rng.randint(-2, N + 1) for _ in range(rng.randint(0, N + 2))]
+        flags = listed_flags(ids, N)
+        seg_len, max_count, min_tiles = rng.randint(1, 40), rng.randint(1, 8), rng.randint(1, 8)
+        S = sum(max(1, min(-(-(-(-x // 16)) // seg_len), max_count, (-(-x // 16)) // min_tiles)) for x in lens)
+        params = (seg_len, max_count, min_tiles, S)
+        full = device_segment_tables(cu, cu[-1], *params)
+        got = device_segment_tables(cu, cu[-1], *params, listed=flags)
+        seg_start, seg_prefix, scan, first, count, final = got
+        for n in range(N):
+            if flags[n]:
+                k = full[4][n]
+                want = [(a, b, t) for a, b, t in _segments_of(full, n)][:k]
+                assert _segments_of(got, n)[:k] == want, (trial, n)
+                assert count[n] == k and final[first[n] + k - 1] == n
+            else:
+                assert count[n] == 0 and final[first[n]] == -1
+                assert seg_prefix[first[n] + 1] == seg_prefix[first[n]], "an unlisted sequence has no tile"
+                assert seg_start[first[n]] == cu[n], "its boundary segment starts at its first token"
+        assert sorted(x for x in final if x >= 0) == [n for n in range(N) if flags[n]]
+        assert seg_prefix[-1] == sum(-(-x // 16) for n, x in enumerate(lens) if flags[n])
+        assert all(s == -1 or final[s] == -1 for s in scan)
+
+
+def test_listed_flags_and_slots():
+    from cp_twins import device_seq_tables, listed_flags, listed_slots
+
+    flags = listed_flags([3, 3, -1, 99, 0, -2147483648], 5)
+    assert flags == [1, 0, 0, 1, 0]
+    assert listed_slots(flags) == [0, -1, -1, 3, -1]
+    assert listed_slots(flags, [7, 6, 5, -1, 4]) == [7, -1, -1, -1, -1]
+    c, prefix = device_seq_tables([0, 17, 17, 40, 100, 116], 116, flags)
+    assert c == [0, 17, 17, 40, 100, 116] and prefix == [0, 2, 2, 2, 6, 6]

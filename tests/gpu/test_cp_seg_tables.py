@@ -137,3 +137,52 @@ def test_many_sequences_cross_blocks():
 def test_dense(B, T):
     for params in ((32, I32_MAX, 32, 16), (1, 4, 4, B * 4 + 1), (43, I32_MAX, 32, 33), (1, 8, 4, 3)):
         _check((B, T), B * T, params, "dense", f"B={B} T={T}")
+
+
+def _run_listed(cu, t_total, params, kind, ids):
+    """cp_seg_tables_listed_<kind>: the six tables and the flags, with guard words checked."""
+    import torch
+
+    from kda_aot.library.loader import get_library
+
+    seg_len, max_count, min_tiles, S = params
+    n_seq = cu[0] if kind == "dense" else len(cu) - 1
+    sizes = (S + 1, S + 1, S, n_seq, n_seq, S, n_seq)
+    bufs = [torch.full((n + GUARD,), POISON, dtype=torch.int32, device="cuda") for n in sizes]
+    dev_ids = torch.tensor(ids, dtype=torch.int32, device="cuda")
+    dev_cu = None if kind == "dense" else torch.tensor(np.asarray(cu, dtype=np.int64), dtype=getattr(torch, kind),
+                                                       device="cuda")
+    *tables, listed = [b.data_ptr() for b in bufs]
+    get_library().kernel(f"cp_seg_tables_listed_{kind}")(
+        0 if dev_cu is None else dev_cu.data_ptr(), dev_ids.data_ptr(), listed, *tables, n_seq, len(ids),
+        cu[1] if kind == "dense" else t_total, seg_len, max_count, min_tiles, S, torch.cuda.current_stream().cuda_stream)
+    out = []
+    for name, n, buf in zip(NAMES + ("listed",), sizes, bufs):
+        host = buf.cpu().numpy()
+        assert (host[n:] == POISON).all(), f"{name}: write past its {n} entries"
+        out.append(host[:n].tolist())
+    return tuple(out)
+
+
+def test_listed_tables_match_their_twin():
+    """cp_seg_tables_listed_* (segment_ids) against cp_twins.device_segment_tables(listed=): an
+    unlisted sequence has one empty boundary segment, no carry and no final slot; lists with
+    entries out of range and repeated; host-plan and too-small bounds; varlen and dense."""
+    rng = np.random.default_rng(21)
+    for trial in range(300):
+        lens = _lens(rng)
+        n = len(lens)
+        ids = rng.integers(-3, n + 3, int(rng.integers(0, 2 * n + 2))).tolist()
+        flags = cp_twins.listed_flags(ids, n)
+        params = (int(rng.integers(1, 40)), int(rng.integers(1, 50)), int(rng.integers(1, 8)),
+                  int(rng.integers(1, 3 * n + 3)))
+        if trial % 5 == 4:
+            B, T = n, int(rng.integers(0, 3000))
+            got = _run_listed((B, T), B * T, params, "dense", ids)
+            want = cp_twins.device_segment_tables(cp_twins.dense_cu(B, T), B * T, *params, listed=flags)
+        else:
+            kind = "int32" if trial % 2 else "int64"
+            got = _run_listed(_cu(lens), sum(lens), params, kind, ids)
+            want = cp_twins.device_segment_tables(_cu(lens), sum(lens), *params, listed=flags)
+        for name, g, w in zip(NAMES + ("listed",), got, tuple(want) + (flags,)):
+            assert g == list(w), f"trial {trial}: {name} differs (lens={lens[:6]}.., ids={ids[:6]}.., params={params})"

@@ -122,3 +122,55 @@ def test_dense_tables(n, T):
     np.testing.assert_array_equal(start.cpu().numpy()[:n + 1], want_start)
     np.testing.assert_array_equal(prefix.cpu().numpy()[:n + 1], want_prefix)
     assert (start.cpu().numpy()[n + 1:] == POISON).all() and (prefix.cpu().numpy()[n + 1:] == POISON).all()
+
+
+def _run_listed(cu_values, t_total, kind, ids, state_indices=None):
+    """seq_tables_listed_<kind> (int32 / int64: cu_values; dense: cu_values = (B, T)); returns
+    (seq_start, tile_prefix, listed, listed_slot) and checks the guards and the order."""
+    import torch
+
+    from kda_aot.library.loader import get_library
+
+    n = cu_values[0] if kind == "dense" else len(cu_values) - 1
+    cu = None if kind == "dense" else torch.tensor(np.asarray(cu_values, dtype=np.int64),
+                                                  dtype=getattr(torch, kind), device="cuda")
+    dev_ids = torch.tensor(ids, dtype=torch.int32, device="cuda")
+    idx = None if state_indices is None else torch.tensor(state_indices, dtype=torch.int32, device="cuda")
+    bufs = [torch.full((size + GUARD,), POISON, dtype=torch.int32, device="cuda") for size in (n, n, n + 1, n + 1, n)]
+    listed, slot, start, prefix, order = bufs
+    get_library().kernel(f"seq_tables_listed_{kind}")(
+        0 if cu is None else cu.data_ptr(), dev_ids.data_ptr(), 0 if idx is None else idx.data_ptr(), listed.data_ptr(),
+        slot.data_ptr(), start.data_ptr(), prefix.data_ptr(), order.data_ptr(), n, len(ids),
+        cu_values[1] if kind == "dense" else t_total, torch.cuda.current_stream().cuda_stream)
+    host = [b.cpu().numpy() for b in bufs]
+    for name, size, b in zip(("listed", "listed_slot", "seq_start", "tile_prefix", "seq_order"),
+                             (n, n, n + 1, n + 1, n), host):
+        assert (b[size:] == POISON).all(), f"{name}: write past its {size} entries"
+    listed, slot, start, prefix, order = (b[:size] for b, size in zip(host, (n, n, n + 1, n + 1, n)))
+    assert cp_twins.is_dispatch_order(order.tolist(), prefix.tolist())
+    return start.tolist(), prefix.tolist(), listed.tolist(), slot.tolist()
+
+
+def test_listed_tables_match_their_twin():
+    """seq_tables_listed_* (segment_ids) against cp_twins: the clamped starts, the tile prefix of
+    the listed sequences only, the flags (entries out of range skipped, repeats idempotent) and
+    the state slots, with and without state_indices; varlen of both integer types and dense."""
+    rng = np.random.default_rng(77)
+    for trial in range(300):
+        lengths = _random_lengths(rng)
+        n = len(lengths)
+        ids = rng.integers(-3, n + 3, int(rng.integers(0, 2 * n + 2))).tolist()
+        idx = None if trial % 3 else rng.integers(-2, 2 * n, n).tolist()
+        flags = cp_twins.listed_flags(ids, n)
+        if trial % 5 == 4:
+            B, T = n, int(rng.integers(0, 300))
+            got = _run_listed((B, T), B * T, "dense", ids, idx)
+            want_c, want_p = cp_twins.device_seq_tables(cp_twins.dense_cu(B, T), B * T, flags)
+        else:
+            cu = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+            if trial % 7 == 6:  # any content: the same clamp as seq_tables_*
+                cu = rng.integers(-100, int(sum(lengths)) + 100, n + 1).tolist()
+            kind = "int32" if trial % 2 else "int64"
+            got = _run_listed(cu, int(sum(lengths)), kind, ids, idx)
+            want_c, want_p = cp_twins.device_seq_tables(cu, int(sum(lengths)), flags)
+        assert got == (want_c, want_p, flags, cp_twins.listed_slots(flags, idx)), f"trial {trial}"
