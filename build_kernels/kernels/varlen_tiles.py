@@ -91,7 +91,11 @@ def longest_first_order(mPrefix: cute.Tensor, order_ptr: Int64, n_seq: Int32, ti
 class SeqTablesVarlen:
     """The sequence tables from cu_seqlens (registry entry seq_tables_varlen): clamped, and K2's
     longest-first dispatch order when seq_order is given (module docstring). No static
-    configuration (cu_seqlens' integer type is the pointer's)."""
+    configuration (cu_seqlens' integer type is the pointer's); SeqTablesListed is the mode of a
+    call that runs its listed sequences only."""
+
+    dense = False
+    listed = False
 
     def __str__(self):
         """What the kernel's PTX symbol spells for this object (the DSL spells a kernel method's
@@ -111,9 +115,12 @@ class SeqTablesVarlen:
 
     @cute.kernel
     def kernel(self, mCu: cute.Tensor, mStart: cute.Tensor, mPrefix: cute.Tensor, order_ptr: Int64, n_seq: Int32,
-               t_total: Int32):
+               t_total: Int32, mIds=None, idx_ptr=None, mListed=None, slot_ptr=None, n_listed=None):
         """One CTA: per block of THREADS sequences the max-scan of the clamped ends and the sum-scan of
-        the tiles, then (seq_order given) the longest-first order."""
+        the tiles, then (seq_order given) the longest-first order. The listed mode's arguments
+        (mIds ... n_listed) are compile-time None in the others (docs/kernel_code.md): it makes
+        the flags first, counts no tile for an unlisted sequence and writes the state slots
+        (SeqTablesListed). Dense (listed mode only): t_total is every sequence's length."""
         tidx, _, _ = cute.arch.thread_idx()
         lane = cute.arch.lane_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -124,7 +131,11 @@ class SeqTablesVarlen:
         sWarpTotal = smem.allocate_tensor(Int32, cute.make_layout(WARPS), byte_alignment=16)
         sHist = smem.allocate(BUCKETS * 4, byte_alignment=16)
 
-        first = clamp_token(mCu[0], t_total)  # c[0]: where sequence 0 starts
+        if cutlass.const_expr(self.listed):
+            mark_listed(mListed, mIds, n_seq, n_listed, tidx, THREADS)
+        first = Int32(0)
+        if cutlass.const_expr(not self.dense):
+            first = clamp_token(mCu[0], t_total)  # c[0]: where sequence 0 starts
         if tidx == 0:
             mPrefix[0] = Int32(0)
             mStart[0] = first
@@ -132,16 +143,30 @@ class SeqTablesVarlen:
         carry = Int32(0)  # tile_prefix[base]
         for base in cutlass.range(0, n_seq, THREADS, unroll=1):
             i = base + tidx
-            # Thread i owns sequence i: the max-scan gives its end c[i + 1] (inclusive) and its start
-            # c[i] (exclusive). Threads past N contribute 0, the identity of the clamped values.
-            end = Int32(0)
-            if i < n_seq:
-                end = clamp_token(mCu[i + 1], t_total)
-            lo, hi, carry_max = block_scan(end, carry_max, lane, warp, sWarpMax, True, WARPS)
+            if cutlass.const_expr(self.dense):
+                lo = i * t_total
+                hi = lo + t_total
+            else:
+                # Thread i owns sequence i: the max-scan gives its end c[i + 1] (inclusive) and its
+                # start c[i] (exclusive). Threads past N contribute 0, the identity of the clamped values.
+                end = Int32(0)
+                if i < n_seq:
+                    end = clamp_token(mCu[i + 1], t_total)
+                lo, hi, carry_max = block_scan(end, carry_max, lane, warp, sWarpMax, True, WARPS)
             tiles = Int32(0)
             if i < n_seq:
                 mStart[i + 1] = hi
-                tiles = tile_count(hi - lo)
+                if cutlass.const_expr(self.listed):
+                    slot = Int32(-1)
+                    if mListed[i] != 0:
+                        tiles = tile_count(hi - lo)
+                        slot = i
+                        if idx_ptr != Int64(0):
+                            slot = ldg_b32(idx_ptr + Int64(i) * 4)
+                    if slot_ptr != Int64(0):
+                        stg_b32(slot_ptr + Int64(i) * 4, slot)
+                else:
+                    tiles = tile_count(hi - lo)
             _, upto, carry = block_scan(tiles, carry, lane, warp, sWarpTotal, False, WARPS)
             if i < n_seq:
                 mPrefix[i + 1] = upto
@@ -150,6 +175,41 @@ class SeqTablesVarlen:
         # The barrier above also makes every thread's tile_prefix entries visible to the whole CTA.
         if order_ptr != Int64(0):
             longest_first_order(mPrefix, order_ptr, n_seq, tidx, sHist.toint())
+
+
+class SeqTablesListed(SeqTablesVarlen):
+    """The sequence tables of a call that runs its listed sequences only (registry entries
+    seq_tables_listed_{int32,int64,dense}; listed_sequences.py): seq_start as SeqTablesVarlen /
+    SeqTablesDense write it, the tile prefix over the listed sequences' tiles (an unlisted one
+    counts 0), the listed flags, each sequence's state slot for K2's state I/O by slot, and the
+    longest-first order. The static choice is `dense`: no cu_seqlens, every sequence t_total
+    tokens long."""
+
+    listed = True
+
+    def __init__(self, dense: bool):
+        self.dense = dense
+
+    def __str__(self):
+        """What the kernel's PTX symbol spells for this object."""
+        return f"{type(self).__name__}_{'dense' if self.dense else 'varlen'}"
+
+    @cute.jit
+    def __call__(self, cu_seqlens: cute.Pointer, segment_ids: cute.Pointer, state_indices: cute.Pointer,
+                 listed: cute.Pointer, listed_slot: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer,
+                 seq_order: cute.Pointer, n_seq: Int32, n_listed: Int32, t_total: Int32, stream: cuda.CUstream):
+        """cu_seqlens int32/int64 [n_seq + 1] (any content, clamped as SeqTablesVarlen does; unread
+        when dense, where t_total is every sequence's length, else the token count of q),
+        segment_ids int32 [n_listed] (any content) -> listed int32 [n_seq] (1 / 0), listed_slot int32
+        [n_seq]: state_indices[n] (null: n) for a listed sequence, -1 otherwise (null: not written),
+        seq_start, tile_prefix int32 [n_seq + 1], seq_order int32 [n_seq] (null: not written)."""
+        table = cute.make_layout(n_seq + 1)
+        start = cute.make_tensor(seq_start, table)
+        m_cu = start if cutlass.const_expr(self.dense) else cute.make_tensor(cu_seqlens, table)
+        self.kernel(m_cu, start, cute.make_tensor(tile_prefix, table), seq_order.toint(), n_seq, t_total,
+                    cute.make_tensor(segment_ids, cute.make_layout(n_listed)), state_indices.toint(),
+                    cute.make_tensor(listed, cute.make_layout(n_seq)), listed_slot.toint(), n_listed).launch(
+            grid=(1, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True)
 
 
 class SeqTablesDense:
@@ -213,94 +273,6 @@ class SeqTablesDense:
             carry = carry + block_total
             # The warp totals are overwritten by the next block.
             cute.arch.barrier()
-
-
-class SeqTablesListed:
-    """The sequence tables of a call that runs its listed sequences only (registry entries
-    seq_tables_listed_{int32,int64,dense}; listed_sequences.py): seq_start as SeqTablesVarlen /
-    SeqTablesDense write it, the tile prefix over the listed sequences' tiles (an unlisted one
-    counts 0), the listed flags, each sequence's state slot for K2's state I/O by slot, and the
-    longest-first order. The one static choice is `dense`: no cu_seqlens, every sequence
-    t_total tokens long."""
-
-    def __init__(self, dense: bool):
-        self.dense = dense
-
-    def __str__(self):
-        """What the kernel's PTX symbol spells for this object (the DSL spells a kernel method's
-        symbol from its object)."""
-        return f"{type(self).__name__}_{'dense' if self.dense else 'varlen'}"
-
-    @cute.jit
-    def __call__(self, cu_seqlens: cute.Pointer, segment_ids: cute.Pointer, state_indices: cute.Pointer,
-                 listed: cute.Pointer, listed_slot: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer,
-                 seq_order: cute.Pointer, n_seq: Int32, n_listed: Int32, t_total: Int32, stream: cuda.CUstream):
-        """cu_seqlens int32/int64 [n_seq + 1] (any content, clamped as SeqTablesVarlen does; unread
-        when dense, where t_total is every sequence's length, else the token count of q),
-        segment_ids int32 [n_listed] (any content) -> listed int32 [n_seq] (1 / 0), listed_slot int32
-        [n_seq]: state_indices[n] (null: n) for a listed sequence, -1 otherwise (null: not written),
-        seq_start, tile_prefix int32 [n_seq + 1], seq_order int32 [n_seq] (null: not written)."""
-        table = cute.make_layout(n_seq + 1)
-        per_seq = cute.make_layout(n_seq)
-        start = cute.make_tensor(seq_start, table)
-        m_cu = start if cutlass.const_expr(self.dense) else cute.make_tensor(cu_seqlens, table)
-        self.kernel(m_cu, cute.make_tensor(segment_ids, cute.make_layout(n_listed)), state_indices.toint(),
-                    cute.make_tensor(listed, per_seq), listed_slot.toint(), start, cute.make_tensor(tile_prefix, table),
-                    seq_order.toint(), n_seq, n_listed, t_total).launch(
-            grid=(1, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True)
-
-    @cute.kernel
-    def kernel(self, mCu: cute.Tensor, mIds: cute.Tensor, idx_ptr: Int64, mListed: cute.Tensor, slot_ptr: Int64,
-               mStart: cute.Tensor, mPrefix: cute.Tensor, order_ptr: Int64, n_seq: Int32, n_listed: Int32,
-               t_total: Int32):
-        """One CTA: the flags, then per block of THREADS sequences the max-scan of the clamped ends
-        (varlen), the slots and the sum-scan of the listed tiles, then the longest-first order."""
-        tidx, _, _ = cute.arch.thread_idx()
-        lane = cute.arch.lane_idx()
-        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        await_previous_grid()
-
-        smem = cutlass.memory.SmemAllocator()
-        sWarpMax = smem.allocate_tensor(Int32, cute.make_layout(WARPS), byte_alignment=16)
-        sWarpTotal = smem.allocate_tensor(Int32, cute.make_layout(WARPS), byte_alignment=16)
-        sHist = smem.allocate(BUCKETS * 4, byte_alignment=16)
-
-        mark_listed(mListed, mIds, n_seq, n_listed, tidx, THREADS)
-
-        first = Int32(0)
-        if cutlass.const_expr(not self.dense):
-            first = clamp_token(mCu[0], t_total)
-        if tidx == 0:
-            mPrefix[0] = Int32(0)
-            mStart[0] = first
-        carry_max = first
-        carry = Int32(0)
-        for base in cutlass.range(0, n_seq, THREADS, unroll=1):
-            i = base + tidx
-            lo = i * t_total  # dense: t_total is every sequence's length
-            hi = lo + t_total
-            if cutlass.const_expr(not self.dense):
-                end = Int32(0)
-                if i < n_seq:
-                    end = clamp_token(mCu[i + 1], t_total)
-                lo, hi, carry_max = block_scan(end, carry_max, lane, warp, sWarpMax, True, WARPS)
-            tiles = Int32(0)
-            if i < n_seq:
-                mStart[i + 1] = hi
-                slot = Int32(-1)
-                if mListed[i] != 0:
-                    tiles = tile_count(hi - lo)
-                    slot = i
-                    if idx_ptr != Int64(0):
-                        slot = ldg_b32(idx_ptr + Int64(i) * 4)
-                if slot_ptr != Int64(0):
-                    stg_b32(slot_ptr + Int64(i) * 4, slot)
-            _, upto, carry = block_scan(tiles, carry, lane, warp, sWarpTotal, False, WARPS)
-            if i < n_seq:
-                mPrefix[i + 1] = upto
-            cute.arch.barrier()
-        if order_ptr != Int64(0):
-            longest_first_order(mPrefix, order_ptr, n_seq, tidx, sHist.toint())
 
 
 # The registry's entry names (the manifest's): the classes whose __call__ is that host entry (compile.py).

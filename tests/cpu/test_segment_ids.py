@@ -12,6 +12,7 @@ from kda_aot.intake.arguments import check_segment_ids_host
 from kda_aot.intake.validation import validate_prefill
 
 sys.path.insert(0, str(Path(__file__).parent))  # the sibling helpers below, when run on its own
+from test_state_pool import _ws, rec  # noqa: E402,F401  (rec: the recording fixture)
 from test_validation import desc, make_args  # noqa: E402
 
 D = 128
@@ -79,22 +80,7 @@ def test_flashkda_workspace_size_covers_listed_calls():
 
 
 # ------------------------------------------------------------------------------------------------
-# what a listed call launches (recorded, no GPU)
-
-@pytest.fixture
-def rec(monkeypatch):
-    from kda_aot import api
-    from recording import Recorder
-
-    r = Recorder(monkeypatch)
-    yield r
-    api.empty_cache()
-
-
-def _ws():
-    from recording import device_buffer
-
-    return device_buffer("workspace", (1 << 28,), "uint8")
+# what a listed call launches (recorded, no GPU; test_state_pool's recorder fixture and workspace)
 
 
 def test_serial_listed_call_runs_k2_by_slot(rec):
