@@ -151,7 +151,8 @@ def _prefill_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
                     cu_seqlens_cpu: Optional[torch.Tensor] = None, seq_lens: Optional[List[int]] = None,
                     cp: str = "auto", numerics: str = "flashkda", gate: str = "safe", beta_form: str = "logits",
                     allow_neg_eigval: bool = False, checkpoint_offsets: Optional[torch.Tensor] = None,
-                    checkpoint_state: Optional[torch.Tensor] = None, segment_ids: Optional[torch.Tensor] = None) -> None:
+                    checkpoint_state: Optional[torch.Tensor] = None,
+                    segment_ids: Optional[torch.Tensor] = None) -> None:
     api.prefill(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, scale=scale,
                 initial_state=initial_state, output_final_state=final_state is not None, cu_seqlens=cu_seqlens,
                 cu_seqlens_cpu=cu_seqlens_cpu, seq_lens=seq_lens, cp=cp, out=out, final_state=final_state,

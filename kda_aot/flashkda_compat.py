@@ -6,9 +6,10 @@
                   initial_state=None, final_state=None, cu_seqlens=None)
 
 `fwd` takes upstream FlashKDA's arguments in its order, and the vLLM fork's extras as keywords
-(`workspace`, `use_vsplit`, `segment_ids`, `checkpoint_state`, `checkpoint_offsets`). Like FlashKDA it writes `out` and, when
-given, `final_state` in place and returns None. The call is kda_aot.prefill with gate="safe",
-beta logits and cp="off": FlashKDA's configuration and its serial recurrence, so the results are
+(`workspace`, `use_vsplit`, `segment_ids`, `checkpoint_state`, `checkpoint_offsets`). Like
+FlashKDA it writes `out` and, when given, `final_state` in place and returns None. The call is
+kda_aot.prefill with gate="safe", beta logits and cp="off": FlashKDA's configuration and its
+serial recurrence, so the results are
 FlashKDA's bits (tests/gpu/test_flashkda_compat.py). `cp="auto"` is an extra keyword for callers
 who prefer kda-aot's context-parallel split of long sequences, which agrees with FlashKDA within
 the CP error bound instead (docs/numerics.md).

@@ -176,8 +176,7 @@ def _checkpoints(problem: Problem) -> bool:
 
 
 def uses_k2_ext(problem: Problem) -> bool:
-    """State I/O by slot or checkpoints: K2 through its k2_ext entry (docs/state_pool.md). A serial
-    listed call takes it too: an unlisted sequence's state slot is -1, so its CTA exits untouched."""
+    """State I/O by slot or checkpoints: K2 through its k2_ext entry (docs/state_pool.md)."""
     return problem.pooled or _checkpoints(problem)
 
 
@@ -295,13 +294,15 @@ def serial_launch(lib: KernelLibrary, problem: Problem, sm_count: int, value_spl
     if cap > 0:
         _k1(prog, problem, off, problem.N, cap)
     vb = plan.k2_constants["value_block"]
+    # A serial listed call takes k2_ext too: an unlisted sequence's state slot is -1 and it has no
+    # tile, so its CTA exits without touching its states (docs/state_pool.md, "Listed sequences").
     if uses_k2_ext(problem) or problem.listed or _forced_k2_ext(problem):
         prog.add(k2_kernel_name(lib, f"k2_ext_{_ext_dtype(problem)}_vb{vb}", vb), dict(
             v=Ref("v"), out=Ref("out"), **_workspace_args(off), seq_start=ws(off["seq_start"]),
             tile_prefix=ws(off["tile_prefix"]), seq_order=_seq_order(problem, off), final_slot=NULL,
             real_seq_start=ws(off["seq_start"]),
-            **_k2_ext_args(problem, None, off, listed_slots=problem.listed), t_total=problem.B * problem.T, n_seq=problem.N, n_heads=problem.H,
-            cap=cap, **_v_strides(problem), stream=STREAM))
+            **_k2_ext_args(problem, None, off, listed_slots=problem.listed), t_total=problem.B * problem.T,
+            n_seq=problem.N, n_heads=problem.H, cap=cap, **_v_strides(problem), stream=STREAM))
         return Launch(prog.finish(), layout.nbytes, "serial")
     prog.add(k2_kernel_name(lib, planner.k2_variant(plan.k2_constants), vb), dict(
         v=Ref("v"), out=Ref("out"), **_workspace_args(off), seq_start=ws(off["seq_start"]),

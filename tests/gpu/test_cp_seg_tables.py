@@ -155,7 +155,8 @@ def _run_listed(cu, t_total, params, kind, ids):
     *tables, listed = [b.data_ptr() for b in bufs]
     get_library().kernel(f"cp_seg_tables_listed_{kind}")(
         0 if dev_cu is None else dev_cu.data_ptr(), dev_ids.data_ptr(), listed, *tables, n_seq, len(ids),
-        cu[1] if kind == "dense" else t_total, seg_len, max_count, min_tiles, S, torch.cuda.current_stream().cuda_stream)
+        cu[1] if kind == "dense" else t_total, seg_len, max_count, min_tiles, S,
+        torch.cuda.current_stream().cuda_stream)
     out = []
     for name, n, buf in zip(NAMES + ("listed",), sizes, bufs):
         host = buf.cpu().numpy()
