@@ -31,7 +31,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
-from .listed_sequences import mark_listed
+from .listed_sequences import ListedMode, mark_listed
 from .tile_ops import CHUNK, await_previous_grid, block_scan, clamp_token, tile_count
 
 THREADS = 256
@@ -247,19 +247,10 @@ class CpSegTablesDense(CpSegTables):
         self._launch(tables.mSegStart, tables, n_seq, t_total, seg_len, max_count, min_tiles, max_segments, stream)
 
 
-class CpSegTablesListed(CpSegTables):
+class CpSegTablesListed(ListedMode, CpSegTables):
     """A call that runs its listed sequences only (registry entries cp_seg_tables_listed_{int32,int64,
     dense}; listed_sequences.py): the tables of CpSegTables / CpSegTablesDense over the listed
     sequences, and the listed flags. cu_seqlens is unread when dense."""
-
-    listed = True
-
-    def __init__(self, dense: bool):
-        self.dense = dense
-
-    def __str__(self):
-        """What the kernel's PTX symbol spells for this object."""
-        return f"{type(self).__name__}_{'dense' if self.dense else 'varlen'}"
 
     @cute.jit
     def __call__(self, cu_seqlens: cute.Pointer, segment_ids: cute.Pointer, listed: cute.Pointer,

@@ -18,6 +18,21 @@ import cutlass.cute as cute
 from cutlass import Int32
 
 
+class ListedMode:
+    """The listed mode of a table kernel class, mixed in before it: the `listed` flag its kernel
+    tests under const_expr, and the one static choice, `dense` (no cu_seqlens) or varlen, which
+    the PTX symbol spells."""
+
+    listed = True
+
+    def __init__(self, dense: bool):
+        self.dense = dense
+
+    def __str__(self):
+        """What the kernel's PTX symbol spells for this object."""
+        return f"{type(self).__name__}_{'dense' if self.dense else 'varlen'}"
+
+
 @cute.jit
 def mark_listed(mListed: cute.Tensor, mIds: cute.Tensor, n_seq: Int32, n_listed: Int32, tidx: Int32,
                 threads: cutlass.Constexpr[int]):

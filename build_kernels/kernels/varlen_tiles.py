@@ -35,7 +35,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
-from .listed_sequences import mark_listed
+from .listed_sequences import ListedMode, mark_listed
 from .ptx_ops import atom_add_shared, ldg_b32, lds_b32, stg_b32, sts_b32
 from .tile_ops import CHUNK, await_previous_grid, block_scan, clamp_token, tile_count
 
@@ -177,22 +177,13 @@ class SeqTablesVarlen:
             longest_first_order(mPrefix, order_ptr, n_seq, tidx, sHist.toint())
 
 
-class SeqTablesListed(SeqTablesVarlen):
+class SeqTablesListed(ListedMode, SeqTablesVarlen):
     """The sequence tables of a call that runs its listed sequences only (registry entries
     seq_tables_listed_{int32,int64,dense}; listed_sequences.py): seq_start as SeqTablesVarlen /
     SeqTablesDense write it, the tile prefix over the listed sequences' tiles (an unlisted one
     counts 0), the listed flags, each sequence's state slot for K2's state I/O by slot, and the
     longest-first order. The static choice is `dense`: no cu_seqlens, every sequence t_total
     tokens long."""
-
-    listed = True
-
-    def __init__(self, dense: bool):
-        self.dense = dense
-
-    def __str__(self):
-        """What the kernel's PTX symbol spells for this object."""
-        return f"{type(self).__name__}_{'dense' if self.dense else 'varlen'}"
 
     @cute.jit
     def __call__(self, cu_seqlens: cute.Pointer, segment_ids: cute.Pointer, state_indices: cute.Pointer,

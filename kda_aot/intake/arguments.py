@@ -184,11 +184,7 @@ def read_back_indices(torch, state_indices, state_pool, stream) -> None:
     pool = describe(state_pool, "state_pool")
     if idx.device != "cuda" or len(idx.shape) != 1 or idx.dtype != "int32" or len(pool.shape) != 4:
         return  # the wall refuses it, naming it
-    handle = call_stream(torch, stream, idx.device_id)
-    if streams.is_capturing(handle):
-        raise RuntimeError("validate: 'host' reads state_indices back, which cannot happen while the stream is "
-                           "being captured into a CUDA graph; use validate='device' there")
-    check_state_indices_host(read_device_array(idx, handle).tolist(), pool.shape[0])
+    check_state_indices_host(_read_back(torch, stream, idx), pool.shape[0])
 
 
 def read_back_segment_ids(torch, tensors, stream) -> None:
@@ -200,11 +196,17 @@ def read_back_segment_ids(torch, tensors, stream) -> None:
     if ids.device != "cuda" or len(ids.shape) != 1 or ids.dtype != "int32" or len(q.shape) != 4:
         return  # the wall refuses it, naming it
     n_seq = q.shape[0] if cu is None else leading_dim(cu, "cu_seqlens") - 1
-    handle = call_stream(torch, stream, ids.device_id)
+    check_segment_ids_host(_read_back(torch, stream, ids), n_seq)
+
+
+def _read_back(torch, stream, desc: TensorDesc) -> list:
+    """validate="host": a small int32 device array's values, copied back on the call's stream (a
+    synchronisation), refused while that stream is being captured into a CUDA graph."""
+    handle = call_stream(torch, stream, desc.device_id)
     if streams.is_capturing(handle):
-        raise RuntimeError("validate: 'host' reads segment_ids back, which cannot happen while the stream is "
+        raise RuntimeError(f"validate: 'host' reads {desc.name} back, which cannot happen while the stream is "
                            "being captured into a CUDA graph; use validate='device' there")
-    check_segment_ids_host(read_device_array(ids, handle).tolist(), n_seq)
+    return read_device_array(desc, handle).tolist()
 
 
 def check_segment_ids_host(values: Sequence[int], n_seq: int) -> None:
