@@ -14,9 +14,8 @@ OUT is set. FLA's Triton autotuning makes the first call of each shape slow (min
     python -m pytest tests/gpu/test_fla_backend.py -s
 """
 
-import os
-
 import pytest
+from reports import append_report
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1800)]
 torch = pytest.importorskip("torch")
@@ -28,9 +27,7 @@ BOUND = 3e-2
 def _report(name, err):
     line = f"{name}: relative RMSE against FLA's Triton path {err:.3e}"
     print("\n" + line)
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "fla_backend.txt"), "a") as f:
-            f.write(line + "\n")
+    append_report("fla_backend.txt", line + "\n")
 
 
 @pytest.fixture

@@ -15,9 +15,8 @@ OUT is set.
     python -m pytest tests/gpu/test_torch_op.py -s      (FLA's Triton autotuning takes minutes)
 """
 
-import os
-
 import pytest
+from reports import append_report
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
 torch = pytest.importorskip("torch")
@@ -309,9 +308,7 @@ def test_dispatch_cost_report(capsys):
     text = bench_op.table(rows)
     with capsys.disabled():
         print("\n" + text)
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "op_dispatch.md"), "a") as f:
-            f.write(text + "\n\n")
+    append_report("op_dispatch.md", text + "\n\n")
     assert all(us > 0 for _, us in rows)
 
 
@@ -353,8 +350,6 @@ def test_chunk_kda_matches_fla(name, state_v_first, monkeypatch):
     err = dict(o_vs_fla=reference.rel_rmse(o, fo), state_vs_fla=reference.rel_rmse(ht, fht),
                o_vs_gold=reference.rel_rmse(o, go), state_vs_gold=reference.rel_rmse(ht, ght),
                fla_o_vs_gold=reference.rel_rmse(fo, go), fla_state_vs_gold=reference.rel_rmse(fht, ght))
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "torch_fla_compare.txt"), "a") as f:
-            f.write(f"{name} state_v_first={state_v_first}: " + ", ".join(f"{k} {v:.3e}" for k, v in err.items())
-                    + "\n")
+    append_report("torch_fla_compare.txt",
+                  f"{name} state_v_first={state_v_first}: " + ", ".join(f"{k} {v:.3e}" for k, v in err.items()) + "\n")
     assert max(err["o_vs_fla"], err["state_vs_fla"], err["o_vs_gold"], err["state_vs_gold"]) < 1e-2, err
