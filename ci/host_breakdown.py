@@ -1,10 +1,14 @@
-"""Where the host time of one small eager call goes, piece by piece (device diagnostic).
+"""Where the host time of one eager call goes, piece by piece (device diagnostic; a small call unless --shape).
 
-    python3 ci/host_breakdown.py [--engines]
+    python3 ci/host_breakdown.py [--engines] [--shape H LEN [LEN ...]]
 
 Times, per call, the intake (signature, pointers, plan lookup, pointer checks), one torch
 allocation, the native launch of the whole program, and whole calls, each in batches queued
 behind a sleep kernel so that nothing waits for the GPU. Needs torch and a Hopper GPU.
+
+--shape times the same pieces on H heads and packed sequences of the given lengths (default H=1, one
+sequence of 16 tokens), with cp="auto": H=4 8192, for example, breaks down a CP call, whose program
+launches five kernels where a serial one launches two.
 
 --engines times the engine-facing paths against kda_aot.prefill on the same problem and buffers,
 each call with fresh tensor objects (views of the same memory, made before the timing, as an
@@ -28,8 +32,8 @@ def per_call(fn, gpu=True):
     return bench.host_us(fn, busy=gpu)
 
 
-def main():
-    x, cu, out, final = bench.make_case(1, [16])
+def main(H: int = 1, lens=(16,)):
+    x, cu, out, final = bench.make_case(H, list(lens))
     ws = torch.empty(kda_aot.workspace_size(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"],
                                             dt_bias=x["dt_bias"], initial_state=x["initial_state"],
                                             output_final_state=True, cu_seqlens=cu), dtype=torch.uint8, device="cuda")
@@ -138,8 +142,12 @@ def engine_rows(H: int = 4, lens=(256, 64), sets: int = 1024):
 
 
 if __name__ == "__main__":
-    if "--engines" in sys.argv[1:]:
+    argv = sys.argv[1:]
+    if "--engines" in argv:
         for name, us in engine_rows():
             print(f"| {name} | {us:.2f} us |")
+    elif "--shape" in argv:
+        H, *lens = (int(a) for a in argv[argv.index("--shape") + 1:])
+        main(H, lens or (16,))
     else:
         main()
