@@ -56,8 +56,8 @@ def make_case(cls, gate, beta_form, lens, H, *, neg=False, g_fp32=False, beta_fp
     logits = randn(1, T, H)
     if beta_form == "probs":
         beta = torch.sigmoid(logits)
-        beta[..., :3] = 0.0  # exactly 0 and 1 occur where a projection saturates
-        beta[..., 3:6] = 1.0
+        beta[:, :3] = 0.0  # exactly 0 and 1 occur where a projection saturates: a few tokens, every head
+        beta[:, 3:6] = 1.0
     else:
         beta = logits
     beta = beta.to(torch.float32 if beta_fp32 else torch.bfloat16)
