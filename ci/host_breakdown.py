@@ -17,8 +17,8 @@ kda_aot.torch.chunk_kda, and fla.ops.kda.chunk_kda through FLA's backend registr
 installed), all under torch.inference_mode().
 """
 
+import argparse
 import itertools
-import sys
 
 import torch
 
@@ -142,12 +142,15 @@ def engine_rows(H: int = 4, lens=(256, 64), sets: int = 1024):
 
 
 if __name__ == "__main__":
-    argv = sys.argv[1:]
-    if "--engines" in argv:
+    parser = argparse.ArgumentParser(prog="python3 ci/host_breakdown.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--engines", action="store_true", help="the engine-facing paths against kda_aot.prefill")
+    parser.add_argument("--shape", type=int, nargs="+", metavar="INT", default=[1, 16],
+                        help="H, then the packed sequences' lengths: --shape 4 8192 (default: 1 16)")
+    args = parser.parse_args()
+    if len(args.shape) < 2:
+        parser.error("--shape takes the heads and at least one sequence length, e.g. --shape 4 8192")
+    if args.engines:
         for name, us in engine_rows():
             print(f"| {name} | {us:.2f} us |")
-    elif "--shape" in argv:
-        H, *lens = (int(a) for a in argv[argv.index("--shape") + 1:])
-        main(H, lens or (16,))
     else:
-        main()
+        main(args.shape[0], args.shape[1:])
