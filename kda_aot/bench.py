@@ -385,23 +385,33 @@ def host_us(fn, calls: int = 100, repeats: int = 7, busy: bool = True) -> float:
     queued behind a long sleep kernel, so no call waits for the device: what the caller's thread
     spends in prefill. Batches are short: a call queues up to 5 launches, and a full launch queue
     (about a thousand entries) would block the host. kda_aot.bench_op and ci/host_breakdown.py use
-    it too."""
+    it too; rows that are compared with each other go through host_us_each."""
+    return host_us_each([fn], calls, repeats, busy)[0]
+
+
+def host_us_each(fns: Sequence[Callable], calls: int = 100, repeats: int = 7, busy: bool = True) -> List[float]:
+    """host_us of each of `fns`, their batches interleaved: batch r of every function runs before
+    batch r + 1 of any. A machine whose speed drifts during the measurement (a freshly started one
+    measured the same intake step at 17.6 us in its first minute and 8.7 us a few seconds later)
+    then shifts every row alike, instead of inflating the rows timed first."""
     import time
 
     import torch
 
-    fn()
+    for fn in fns:
+        fn()
     torch.cuda.synchronize()
-    samples = []
+    samples: List[List[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        if busy:
-            torch.cuda._sleep(int(5e8))
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(samples)
+        for fn, row in zip(fns, samples):
+            if busy:
+                torch.cuda._sleep(int(5e8))
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            row.append((time.perf_counter() - t0) / calls * 1e6)
+            torch.cuda.synchronize()
+    return [statistics.median(row) for row in samples]
 
 
 def main(argv=None) -> int:
@@ -579,7 +589,7 @@ def measure(args, H, lens, cls, form, x, cu, out, final, bw, sms, splits) -> dic
         if cls == "random":  # FlashKDA's published times are on N(0, 1) inputs
             row["FlashKDA ms (published, same H200 kind)"] = FLASHKDA_MS.get((H, key))
         row["host us eager / +seq_lens / given buffers"] = " / ".join(
-            f"{host_us(fn):.1f}" for fn in (eager_runner(x, cu, lens), eager_runner(x, cu, lens, hint=True), call))
+            f"{us:.1f}" for us in host_us_each((eager_runner(x, cu, lens), eager_runner(x, cu, lens, hint=True), call)))
     if not args.no_cudnn:
         run, c_out, c_final, why = cudnn_runner(x, cu)
         if run is None:
@@ -702,14 +712,12 @@ def host_cost_rows(n_sets: int = 64) -> list:
         return run
 
     small, cp = sets(1, [16], n_sets), sets(4, [8192], 8)
-    rows = []
-    for label, fn in (("serial, dense, outputs allocated", looping(small, varlen=False)),
-                      ("serial, varlen cu_seqlens only, outputs allocated", looping(small)),
-                      ("serial, varlen, out= final_state= workspace= given", looping(small, given=True)),
-                      ("CP auto H=4 [8192], cu_seqlens only, outputs allocated", looping(cp)),
-                      ("CP auto H=4 [8192], buffers given", looping(cp, given=True))):
-        rows.append([label, host_us(fn)])
-    return rows
+    paths = (("serial, dense, outputs allocated", looping(small, varlen=False)),
+             ("serial, varlen cu_seqlens only, outputs allocated", looping(small)),
+             ("serial, varlen, out= final_state= workspace= given", looping(small, given=True)),
+             ("CP auto H=4 [8192], cu_seqlens only, outputs allocated", looping(cp)),
+             ("CP auto H=4 [8192], buffers given", looping(cp, given=True)))
+    return [[label, us] for (label, _), us in zip(paths, host_us_each([fn for _, fn in paths]))]
 
 
 CHECKPOINT_CASES = [(64, [8192], "off"), (8, [8192], "auto")]
@@ -922,25 +930,24 @@ def entry_host_costs(n_sets: int = 64) -> list:
                             use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, safe_gate=True, lower_bound=-5.0,
                             A_log=x["A_log"], dt_bias=x["dt_bias"], cu_seqlens=cu, state_v_first=True)
 
-    rows = []
+    paths = [("kda_aot.prefill, buffers given", prefill),
+             ("kda_aot.flashkda_compat.fwd, buffers given", compat),
+             ("kda_aot.flashkda_compat.fwd, buffers given, segment_ids", compat_listed),
+             ("kda_aot.torch.chunk_kda (outputs allocated)", torch_chunk)]
+    try:
+        from fla.ops.kda import chunk_kda as fla_chunk_kda
+    except ImportError:
+        fla_chunk_kda = None
+    if fla_chunk_kda is not None:
+        def fla():
+            x, cu, o, f, ws, s0 = nxt()
+            return fla_chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=s0,
+                                 output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                                 safe_gate=True, lower_bound=-5.0, A_log=x["A_log"], dt_bias=x["dt_bias"],
+                                 cu_seqlens=cu, state_v_first=True)
+        paths.append(("fla.ops.kda.chunk_kda via the kda-aot backend (outputs allocated)", fla))
     with torch.inference_mode():
-        rows.append(("kda_aot.prefill, buffers given", host_us(prefill)))
-        rows.append(("kda_aot.flashkda_compat.fwd, buffers given", host_us(compat)))
-        rows.append(("kda_aot.flashkda_compat.fwd, buffers given, segment_ids", host_us(compat_listed)))
-        rows.append(("kda_aot.torch.chunk_kda (outputs allocated)", host_us(torch_chunk)))
-        try:
-            from fla.ops.kda import chunk_kda as fla_chunk_kda
-        except ImportError:
-            fla_chunk_kda = None
-        if fla_chunk_kda is not None:
-            def fla():
-                x, cu, o, f, ws, s0 = nxt()
-                return fla_chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=s0,
-                                     output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
-                                     safe_gate=True, lower_bound=-5.0, A_log=x["A_log"], dt_bias=x["dt_bias"],
-                                     cu_seqlens=cu, state_v_first=True)
-            rows.append(("fla.ops.kda.chunk_kda via the kda-aot backend (outputs allocated)", host_us(fla)))
-    return rows
+        return list(zip((label for label, _ in paths), host_us_each([fn for _, fn in paths])))
 
 
 def sweep_cp(args) -> int:

@@ -15,10 +15,10 @@ import argparse
 import sys
 
 
-def _host_us(fn, calls: int, rounds: int) -> float:
-    from .bench import host_us
+def _host_us_each(fns, calls: int, rounds: int) -> list:
+    from .bench import host_us_each
 
-    return host_us(fn, calls, rounds)
+    return host_us_each(fns, calls, rounds)
 
 
 def _cycling(sets, call):
@@ -93,7 +93,8 @@ def measure(calls: int = 200, rounds: int = 5, n_sets: int = 16, H: int = 1, len
     if compile:
         compiled = torch.compile(wrapper, fullgraph=True)
         paths.append(("torch.compile(fullgraph=True) of the wrapper", compiled))
-    return [(label, _host_us(_cycling(sets, fn), calls, rounds)) for label, fn in paths]
+    times = _host_us_each([_cycling(sets, fn) for _, fn in paths], calls, rounds)
+    return list(zip((label for label, _ in paths), times))
 
 
 def table(rows) -> str:
