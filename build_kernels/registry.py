@@ -359,24 +359,6 @@ def _k2_regstate() -> List[Variant]:
 # runtime finds each kernel by name in the library's own
 # manifest and the ABI hash sorts them by name (kda_aot/library/abi_hash.py), so this order is only the
 # order of the build's log and of the library's tables.
-def _ready_flags() -> List[Variant]:
-    """Measurement-only: K1 beside the recurrence through per-tile ready flags (docs/what_we_tried.md):
-    K1 with a flag per workspace slot, set once the tile's stores are complete, and the serial
-    register-state K2 whose producer waits for each flag; `ready` int32 [H * cap], zero before the
-    call. ci/overlap_probe.py --ready runs them on two streams, the K2 launched first."""
-    ready = ptr("ready", "int32", 4)
-    k1 = _k1()[0]
-    out = [dataclasses.replace(k1, name="k1_prepare_ready", entry="k1_prepare_ready", args=k1.args[:-1] + (ready, STREAM))]
-    for v in _k2():
-        c = dict(v.constants)
-        if c["has_initial"] and c["has_final"] and c["value_block"] in ABI_CONSTANTS.REGSTATE_VALUE_BLOCKS:
-            out.append(Variant(ABI_CONSTANTS.regstate_name(v.name) + "_ready", "k2_regstate", "k2_regstate_ready",
-                               v.args[:-1] + (ready, STREAM),
-                               constants=tuple((k, c[k]) for k in ("has_initial", "has_final", "state_fp32",
-                                                                  "value_block"))))
-    return out
-
-
 FAMILIES = {
     # device-built tables
     "seq_tables": _seq_tables, "cp_seg_tables": _cp_seg_tables, "checkpoint_index": _checkpoint_index,
@@ -391,7 +373,7 @@ FAMILIES = {
     "k2_segments_accurate": lambda: _k2_segments(True), "k2_ext": _k2_ext, "k2_regstate": _k2_regstate,
     # context parallelism
     "cp_pre_scan": _cp_pre_scan, "cp_pre_scan_accurate": lambda: _cp_pre_scan(True), "cp_merge": _cp_merge,
-    "cp_merge_pool": _cp_merge_pool, "ready_flags": _ready_flags,
+    "cp_merge_pool": _cp_merge_pool,
     # the PTX approximations for the public torch reference; the accurate recipe's ablations (measurement only)
     "approx": _approx, "k2_ablation": _k2_ablation,
 }
@@ -413,7 +395,7 @@ FAMILIES = {
 # Everything else ships: the tables, K1, the register-state K2, CP's kernels (pre_scan has only the
 # mma.sync form, at every value block), and approx_*, which the public torch reference calls.
 LATTICES = ("shipped", "all")
-MEASUREMENT_FAMILIES = frozenset({"k2_ablation", "ready_flags"})
+MEASUREMENT_FAMILIES = frozenset({"k2_ablation"})
 MMA_K2_FAMILIES = frozenset({"k2", "k2_accurate", "k2_segments", "k2_segments_accurate", "k2_ext"})
 
 

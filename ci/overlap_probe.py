@@ -145,96 +145,12 @@ def probe(H, lens, iters):
         raise SystemExit("the split call computed something else: the probe's premise does not hold")
 
 
-def ready_program(program, ready_slot):
-    """The same steps with K1 and the serial register-state K2 swapped for their ready-flag twins
-    (build_kernels/registry.py, _ready_flags; measurement-only kernels): each twin takes the
-    original's arguments and `ready` before the stream."""
-    from kda_aot.plan.program import Program
-    twin = Program(program.lib, program.device_id)
-    for name, (kernel, first, count) in zip(program.names, program._steps):
-        slots = list(program._slots[first:first + count])
-        if name == "k1_prepare" or name.startswith("k2_regstate_inout_"):
-            name = name + "_ready" if name != "k1_prepare" else "k1_prepare_ready"
-            slots = slots[:-1] + [ready_slot] + slots[-1:]
-        k = twin.lib.kernel(name)
-        twin._steps.append((k.index, len(twin._slots), len(slots)))
-        twin._slots.extend(slots)
-        twin.names.append(name)
-    return twin.finish()
-
-
-def ready_probe(H, lens, iters, priority):
-    """K1 beside the recurrence for real: tables, then the ready-flag K2 launched first on a second
-    stream (`priority`) and the ready-flag K1 on the call's stream; the K2 waits for each tile's
-    flag. Checked bitwise against the whole program; timed against the same steps in order."""
-    whole, program, ptrs, out, final = problem(H, lens)
-    names = program.names
-    if not any(n.startswith("k2_regstate_inout_") for n in names):
-        print(f"## H={H} {list(lens)}: {' > '.join(names)}: no serial register-state K2 with states, skipped")
-        return
-    ws_index = arguments.TENSOR_ARGS.index("workspace")
-    plan_bytes = next(iter(api._PLANS.values())).launch.workspace_bytes
-    cap_heads = H * (sum(lens) // 16 + len(lens) + 16)  # a bound on H * the tile capacity
-    flag_off = (plan_bytes + 255) // 256 * 256
-    ws2 = torch.empty(flag_off + 4 * cap_heads, dtype=torch.uint8, device="cuda")
-    flags = ws2[flag_off:]
-    ptrs2 = list(ptrs)
-    ptrs2[ws_index] = ws2.data_ptr()
-    twin = ready_program(program, (SLOT["workspace"], flag_off))
-    k1 = twin.names.index("k1_prepare_ready")
-    k2 = next(i for i, n in enumerate(twin.names) if n.endswith("_ready") and n.startswith("k2_"))
-    assert k1 + 1 == k2 == len(twin.names) - 1, twin.names
-    head, k1_only, k2_only = runner(twin, ptrs2, 0, k1), runner(twin, ptrs2, k1, k1 + 1), runner(twin, ptrs2, k2, k2 + 1)
-    in_order = runner(program, ptrs, 0, len(names))
-    main, side = torch.cuda.current_stream(), torch.cuda.Stream(priority=priority)
-    ev = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
-
-    def ordered():
-        a, b = ev(), ev()
-        a.record(main)
-        in_order(main)
-        b.record(main)
-        return [(a, b)]
-
-    def beside():
-        a, fork, joined, b = ev(), ev(), ev(), ev()
-        a.record(main)
-        flags.view(torch.int32).zero_()
-        head(main)
-        fork.record(main)
-        side.wait_event(fork)
-        k2_only(side)  # the recurrence's CTAs first: one per SM; K1's fill the room beside them
-        k1_only(main)
-        joined.record(side)
-        main.wait_event(joined)
-        b.record(main)
-        return [(a, b)]
-
-    ref_out, ref_final = out.clone(), final.clone()
-    out.fill_(float("nan"))
-    final.fill_(float("nan"))
-    t_ordered, = median_us(ordered, iters)
-    out.fill_(float("nan"))
-    final.fill_(float("nan"))
-    t_beside, = median_us(beside, iters)
-    torch.cuda.synchronize()
-    same = torch.equal(out, ref_out) and torch.equal(final, ref_final)
-    print(f"## ready flags, H={H} {list(lens)}, side-stream priority {priority}: {' > '.join(twin.names)}")
-    print(f"| the whole program in order / K1 beside K2 through ready flags | {t_ordered:.1f} / {t_beside:.1f} us |")
-    print(f"| output and final state bitwise equal to the whole program's | {same} |")
-    if not same:
-        raise SystemExit("the ready-flag call computed something else")
-
-
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python3 ci/overlap_probe.py", description=__doc__.splitlines()[0])
     parser.add_argument("--shape", type=int, nargs="+", action="append", metavar="INT",
                         help="H, then the packed sequences' lengths (repeatable; default: the CP and serial "
                              "rows of the speed targets)")
     parser.add_argument("--iters", type=int, default=50)
-    parser.add_argument("--ready", action="store_true",
-                        help="run the measurement-only ready-flag K1 and K2 (serial shapes; a library built with "
-                             "KDA_KERNEL_LATTICE=all)")
     args = parser.parse_args()
     shapes = args.shape or [[4, 16384], [8, 8192], [12, 32768], [48, 8192], [64, 8192]]
     for shape in shapes:
@@ -242,8 +158,4 @@ if __name__ == "__main__":
             parser.error("--shape takes the heads and at least one sequence length, e.g. --shape 4 8192")
     with torch.inference_mode():
         for H, *lens in shapes:
-            if args.ready:
-                for priority in (0, -1):
-                    ready_probe(H, lens, args.iters, priority)
-            else:
-                probe(H, lens, args.iters)
+            probe(H, lens, args.iters)

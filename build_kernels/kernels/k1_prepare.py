@@ -57,14 +57,14 @@ conversion.
 
 import dataclasses
 import enum
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64, Uint8, Uint32
 
-from .ptx_ops import ex2_approx_ftz, ldg_b32, mul_rn_ftz, set_flag_release_gpu, sub_rn
+from .ptx_ops import ex2_approx_ftz, ldg_b32, mul_rn_ftz, sub_rn
 from .tile_ops import (CHUNK, D, LOG2E, await_previous_grid, bsig_residue_slot0, bulk_g2s_tensor, bulk_s2g_elected,
                        raw_tile_layout, round_bf16, sync_named)
 from .tile_prep import (BETA_LOGITS, F32_FACTOR_ROW, GATE_LOGDECAY, GATE_SAFE, PAD_ROW, decayed_images,
@@ -92,7 +92,6 @@ class K1Barrier(enum.IntEnum):
     GATED = 2  # B1: e, ebar, bf(gamma) published; the staging reads done
     IMAGES = 3  # B2: the decayed images written and fenced for the bulk stores
     WIDE_PRODUCTS = 4  # B3 (general K1, wide tiles): the wide-tile products published
-    PUBLISHED = 5  # K1 beside the recurrence: every store of the tile done, before its ready flag
 
 
 def _staging_g_layout(g_fp32: bool):
@@ -164,7 +163,6 @@ class K1Config:
     beta_form: int = BETA_LOGITS
     g_fp32: bool = False
     strided: bool = False
-    ready_flags: bool = False  # K1 beside the recurrence: grid (H, cap), a ready flag per tile
 
     @property
     def general(self) -> bool:
@@ -249,15 +247,14 @@ class K1Prepare:
     """K1 of one static configuration (K1Config); registry entry k1_prepare."""
 
     def __init__(self, accurate: bool = False, gate_form: int = GATE_SAFE, beta_form: int = BETA_LOGITS,
-                 g_fp32: bool = False, strided: bool = False, ready_flags: bool = False):
-        self.config = K1Config(accurate, gate_form, beta_form, g_fp32, strided, ready_flags)
+                 g_fp32: bool = False, strided: bool = False):
+        self.config = K1Config(accurate, gate_form, beta_form, g_fp32, strided)
 
     def __str__(self):
         """What the kernel's PTX symbol spells for this object (the DSL spells a kernel method's
         symbol from its object)."""
         cfg = self.config
-        return (f"K1Prepare_{int(cfg.accurate)}_{cfg.gate_form}_{cfg.beta_form}_{int(cfg.g_fp32)}_{int(cfg.strided)}"
-                + ("_ready" if cfg.ready_flags else ""))
+        return f"K1Prepare_{int(cfg.accurate)}_{cfg.gate_form}_{cfg.beta_form}_{int(cfg.g_fp32)}_{int(cfg.strided)}"
 
     @cute.jit
     def __call__(self, q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Pointer, a_log: cute.Pointer,
@@ -273,14 +270,10 @@ class K1Prepare:
         gate_c = f32(lb * LOG2E) formed in double on the host. t_total is part of the ABI but not needed:
         every row read lies inside [seq_start[n], seq_start[n+1]). The general K1 (K1Config) may
         take null a_log and dt_bias, an fp32 g and an fp32 beta."""
-        self._launch((q, k, g, beta, a_log, dt_bias, seq_start, tile_prefix, ws_qd, ws_kd, ws_kr, ws_gt, ws_inv,
-                      ws_mqk, ws_bsig, n_seq, n_heads, cap, scale, gate_c, q_stride_t, q_stride_h, k_stride_t,
-                      k_stride_h, g_stride_t, g_stride_h, beta_stride_t), n_heads, cap, stream)
-
-    def _launch(self, params: tuple, n_heads: Int32, cap: Int32, stream: cuda.CUstream, ready=None):
-        grid = (n_heads, cap, 1) if self.config.ready_flags else (cap, n_heads, 1)
-        self.kernel(*params, ready).launch(
-            grid=grid, block=(THREADS, 1, 1), stream=stream, use_pdl=True,
+        self.kernel(q, k, g, beta, a_log, dt_bias, seq_start, tile_prefix, ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk,
+                    ws_bsig, n_seq, n_heads, cap, scale, gate_c, q_stride_t, q_stride_h, k_stride_t, k_stride_h,
+                    g_stride_t, g_stride_h, beta_stride_t).launch(
+            grid=(cap, n_heads, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True,
             min_blocks_per_mp=CTAS_PER_SM, preferred_smem_carveout=-1)  # -1: compiling needs no GPU
 
     def shared_storage(self, smem) -> K1Smem:
@@ -331,18 +324,13 @@ class K1Prepare:
                ws_kd: cute.Pointer, ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer,
                ws_mqk: cute.Pointer, ws_bsig: cute.Pointer, n_seq: Int32, n_heads: Int32, cap: Int32,
                scale: Float32, gate_c: Float32, q_st: Int64, q_sh: Int64, k_st: Int64, k_sh: Int64, g_st: Int64,
-               g_sh: Int64, b_st: Int64, ready: Optional[Int64]):
+               g_sh: Int64, b_st: Int64):
         """The stages of the module docstring, B1 and B2 (and the general K1's B3) between them."""
         cfg = self.config
         p = K1Params(q, k, g, beta, a_log, dt_bias, seq_start, tile_prefix, ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk,
                      ws_bsig, n_seq, n_heads, cap, scale, gate_c, q_st, q_sh, k_st, k_sh, g_st, g_sh, b_st)
         tidx, _, _ = cute.arch.thread_idx()
-        if cutlass.const_expr(cfg.ready_flags):
-            # heads fastest: the CTAs are dispatched tile step by tile step, the order in which the
-            # recurrence's chains (one per head) consume them
-            head, tile, _ = cute.arch.block_idx()
-        else:
-            tile, head, _ = cute.arch.block_idx()
+        tile, head, _ = cute.arch.block_idx()
         await_previous_grid()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = cute.arch.lane_idx()
@@ -384,11 +372,6 @@ class K1Prepare:
 
             self.store_images(p, sm, warp, slot)
             self.products(p, sm, warp, lane, wide, slot, m, row_lo, logit_lo, logit_hi)
-            if cutlass.const_expr(cfg.ready_flags):
-                # every store of the tile issued and (the bulk images) complete: publish the slot
-                sync_named(K1Barrier.PUBLISHED, THREADS)
-                if tidx == 0:
-                    set_flag_release_gpu(ready + slot * 4)
 
     @cute.jit
     def load(self, p: K1Params, sm: K1Smem, warp: Int32, head: Int32, tok0: Int32, m: Int32):
@@ -546,7 +529,7 @@ class K1Prepare:
                  cute.make_tensor(p.ws_kd + ws_off, img_bytes)),
                 (cute.make_tensor(cute.recast_ptr(sm.sKr.iterator, dtype=Uint8), img_bytes),
                  cute.make_tensor(p.ws_kr + ws_off, img_bytes)),
-            ], published=self.config.ready_flags)
+            ])
 
     @cute.jit
     def products(self, p: K1Params, sm: K1Smem, warp: Int32, lane: Int32, wide, slot: Int64, m: Int32,
@@ -681,27 +664,4 @@ class K1Prepare:
 
 
 # The registry's entry name (the manifest's): the class whose __call__ is the host entry (compile.py).
-class K1PrepareReady(K1Prepare):
-    """K1 beside the recurrence (registry entry k1_prepare_ready, measurement only): K1Prepare's
-    arguments and `ready` int32 [H * cap]; CTAs in tile-step order (grid (H, cap)), each sets its
-    slot's flag once every store of the tile is complete (k2_regstate_ready waits for them)."""
-
-    def __init__(self, accurate: bool = False, gate_form: int = GATE_SAFE, beta_form: int = BETA_LOGITS,
-                 g_fp32: bool = False, strided: bool = False):
-        super().__init__(accurate, gate_form, beta_form, g_fp32, strided, ready_flags=True)
-
-    @cute.jit
-    def __call__(self, q: cute.Pointer, k: cute.Pointer, g: cute.Pointer, beta: cute.Pointer, a_log: cute.Pointer,
-                 dt_bias: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer, ws_qd: cute.Pointer,
-                 ws_kd: cute.Pointer, ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer,
-                 ws_mqk: cute.Pointer, ws_bsig: cute.Pointer, t_total: Int32, n_seq: Int32, n_heads: Int32,
-                 cap: Int32, q_stride_t: Int64, q_stride_h: Int64, k_stride_t: Int64, k_stride_h: Int64,
-                 g_stride_t: Int64, g_stride_h: Int64, beta_stride_t: Int64, scale: Float32, gate_c: Float32,
-                 ready: cute.Pointer, stream: cuda.CUstream):
-        self._launch((q, k, g, beta, a_log, dt_bias, seq_start, tile_prefix, ws_qd, ws_kd, ws_kr, ws_gt, ws_inv,
-                      ws_mqk, ws_bsig, n_seq, n_heads, cap, scale, gate_c, q_stride_t, q_stride_h, k_stride_t,
-                      k_stride_h, g_stride_t, g_stride_h, beta_stride_t), n_heads, cap, stream, ready.toint())
-
-
 k1_prepare = K1Prepare
-k1_prepare_ready = K1PrepareReady

@@ -80,7 +80,6 @@ class RegstateConfig:
     state_fp32: bool = False
     final_fp32: bool = False
     ext: bool = False
-    ready_flags: bool = False  # the producer waits for each tile's flag from a K1 running beside
 
     def __post_init__(self):
         assert self.value_block in ABI_CONSTANTS.REGSTATE_VALUE_BLOCKS, self.value_block
@@ -127,9 +126,9 @@ class K2Regstate:
         return "_".join([type(self).__name__] + [f"{f.name}{getattr(cfg, f.name)}" for f in dataclasses.fields(cfg)
                                                  if getattr(cfg, f.name) != f.default])
 
-    def _launch(self, params: K2Params, n_seq: Int32, n_heads: Int32, stream: cuda.CUstream, ready=None):
+    def _launch(self, params: K2Params, n_seq: Int32, n_heads: Int32, stream: cuda.CUstream):
         cfg = self.config
-        self.kernel(*params, ready).launch(grid=(n_seq * n_heads, 1, D // cfg.value_block), block=(cfg.threads, 1, 1),
+        self.kernel(*params).launch(grid=(n_seq * n_heads, 1, D // cfg.value_block), block=(cfg.threads, 1, 1),
                                     stream=stream, use_pdl=True, min_blocks_per_mp=1, preferred_smem_carveout=-1)
 
     @cute.kernel
@@ -139,7 +138,7 @@ class K2Regstate:
                cap: Int32, idx_ptr: Optional[Int64], slot_stride: Optional[Int64], n_pool: Optional[Int32],
                ck_ptr: Optional[Int64], ck_every: Optional[Int32], mSeqStart: Optional[cute.Tensor],
                n_real: Optional[Int32], order_ptr: Optional[Int64], ck_tab: Optional[Int64], ck_k: Optional[Int32],
-               ck_stride: Optional[Int64], v_st: Int64, v_sh: Int64, ready_ptr: Optional[Int64]):
+               ck_stride: Optional[Int64], v_st: Int64, v_sh: Int64):
         """K2's kernel parameters (recurrence_common.K2Params) and modes (k2_recurrence.K2Recurrence):
         the CTA's ring, then the roles: the producer (load) and the MMA warpgroups (mma)."""
         cfg = self.config
@@ -167,22 +166,19 @@ class K2Regstate:
             tile_source = k2_tile_source(seq, p, h64, vblk, cfg.value_block, rows_by_add=cfg.producer_warpgroup,
                                          accurate=cfg.accurate)
             if warp >= cfg.mma_warps:
-                self.load(warp, full, empty, buf_addr, seq, tile_source, ready_ptr)
+                self.load(warp, full, empty, buf_addr, seq, tile_source)
             else:
                 self.mma(p, seq, warp, lane, vblk, n, h64, H64, full, empty, buf_addr, slot, in_slot)
 
     @cute.jit
     def load(self, warp: Int32, full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, seq: SequenceTiles,
-             tile_source: tuple, ready_ptr: Optional[Int64]):
+             tile_source: tuple):
         """The producer (K2's): its first warp issues every tile's copies; a producer warpgroup first
         hands its registers to the MMA warpgroups."""
         if cutlass.const_expr(self.config.producer_warpgroup):
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
         if warp == self.config.mma_warps:
-            if cutlass.const_expr(self.config.ready_flags):
-                produce_tiles(full, empty, buf_addr, seq.ntiles, *tile_source, ready=ready_ptr)
-            else:
-                produce_tiles(full, empty, buf_addr, seq.ntiles, *tile_source)
+            produce_tiles(full, empty, buf_addr, seq.ntiles, *tile_source)
 
     @cute.jit
     def mma(self, p: K2Params, seq: SequenceTiles, warp: Int32, lane: Int32, vblk: Int32, n: Int32, h64: Int64,
@@ -264,30 +260,6 @@ class K2RegstateExt(K2Regstate):
                      n_seq, n_heads, stream)
 
 
-class K2RegstateSerialReady(K2Regstate):
-    """Serial host entry with per-tile ready flags (registry entry k2_regstate_ready, measurement
-    only): K2RegstateSerial's arguments and `ready` int32 [H * cap], one flag per workspace slot,
-    zero before the call; the producer waits for each tile's flag, which a K1 running beside on
-    another stream sets (k1_prepare_ready)."""
-
-    def __init__(self, has_initial: bool, has_final: bool, state_fp32: bool, value_block: int):
-        super().__init__(RegstateConfig(value_block, False, False, has_initial, has_final, state_fp32, state_fp32,
-                                        ready_flags=True))
-
-    @cute.jit
-    def __call__(self, v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: cute.Pointer,
-                 ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer, ws_mqk: cute.Pointer,
-                 ws_bsig: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer, seq_order: cute.Pointer,
-                 initial_state: cute.Pointer, final_state: cute.Pointer, t_total: Int32, n_seq: Int32,
-                 n_heads: Int32, cap: Int32, v_stride_t: Int64, v_stride_h: Int64, ready: cute.Pointer,
-                 stream: cuda.CUstream):
-        self._launch(k2_params(self.config, v, out, (ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk, ws_bsig),
-                               seq_start, tile_prefix, n_seq, n_heads, cap, v_stride_t, v_stride_h, initial_state,
-                               final_state, seq_order=seq_order),
-                     n_seq, n_heads, stream, ready.toint())
-
-
 # The registry's entry names (the manifest's, which the runtime looks variants up by): each is the
 # class whose __call__ is that host entry, configured from the variant's constants (compile.py).
 k2_regstate, k2_regstate_segments, k2_regstate_ext = K2RegstateSerial, K2RegstateSegments, K2RegstateExt
-k2_regstate_ready = K2RegstateSerialReady

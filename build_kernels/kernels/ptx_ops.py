@@ -576,31 +576,3 @@ def ldg_f32_pair_bf16_if(addr: Int64, ok: Int32, *, loc=None, ip=None) -> Int32:
                       "{\n\t.reg .pred p;\n\t.reg .f32 a, b;\n\tsetp.ne.b32 p, $2, 0;\n\tmov.f32 a, 0f00000000;\n\t"
                       "mov.f32 b, 0f00000000;\n\t@p ld.global.v2.f32 {a, b}, [$1];\n\tcvt.rn.bf16x2.f32 $0, b, a;\n\t}",
                       "=r,l,r", True, loc, ip))
-
-
-# --- per-tile ready flags between a producing and a consuming kernel -----------------------------
-
-@dsl_user_op
-def spin_until_set_gpu(addr: Int64, *, loc=None, ip=None) -> None:
-    """Wait until the int32 at `addr` (global) is non-zero: ld.acquire.gpu in a loop, then
-    fence.proxy.async.global, so the calling thread's later bulk copies (async proxy) read what the
-    writer published before setting the flag. Every lane that issues such copies must run it."""
-    _asm([], [_ir(addr, Int64, loc, ip)],
-         "{\n.reg .pred p;\n.reg .b32 f;\nREADY_SPIN:\nld.acquire.gpu.global.b32 f, [$0];\n"
-         "setp.eq.s32 p, f, 0;\n@p bra READY_SPIN;\nfence.proxy.async.global;\n}", "l", True, loc, ip)
-
-
-@dsl_user_op
-def set_flag_release_gpu(addr: Int64, *, loc=None, ip=None) -> None:
-    """Publish everything the CTA wrote before the barrier that precedes this call, then set the int32
-    at `addr` to 1 (fence.acq_rel.gpu + st.release.gpu, the reader's spin_until_set_gpu pairs with it)."""
-    _asm([], [_ir(addr, Int64, loc, ip)],
-         "{\n.reg .b32 one;\nmov.b32 one, 1;\nfence.acq_rel.gpu;\nst.release.gpu.global.b32 [$0], one;\n}", "l", True,
-         loc, ip)
-
-
-@dsl_user_op
-def fence_proxy_async_global(*, loc=None, ip=None) -> None:
-    """Order the calling thread's completed bulk (async-proxy) global writes before its later
-    generic-proxy operations."""
-    _asm([], [], "fence.proxy.async.global;", "", True, loc, ip)

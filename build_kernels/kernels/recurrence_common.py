@@ -14,7 +14,7 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64
 
 from .ptx_ops import (add_rn, bulk_g2s, fma_rn, lds_bf16_f32, ldg_b32, mma_bf16_16816, movmatrix_t, mul_rn, pack_bf16x2,
-                      round_bf16x2, spin_until_set_gpu, sub_rn, unpack_bf16x2)
+                      round_bf16x2, sub_rn, unpack_bf16x2)
 from .. import abi_constants as ABI_CONSTANTS
 from .tile_ops import CHUNK, D, await_previous_grid, bsig_residue_slot0
 
@@ -296,13 +296,9 @@ def produce_tile(full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, i: In
 def produce_tiles(full: cute.Pointer, empty: cute.Pointer, buf_addr: Int32, ntiles: Int32, tok0: Int32,
                   tok_end: Int32, slot0: Int64, v_row0: Int64, row_step: Int64, images: tuple, smalls: tuple,
                   stage: cutlass.Constexpr[int], off_v: cutlass.Constexpr[int], vstr: cutlass.Constexpr[int],
-                  v_bytes: cutlass.Constexpr[int], rows_by_add: cutlass.Constexpr[bool] = False, ready=None):
-    """The producer warp of K2 and pre_scan: every tile in order, each as produce_tile. ready: the
-    per-slot flags a K1 running beside sets (tile i's at ready + 4 (slot0 + i)); the warp waits for
-    each before its copies."""
+                  v_bytes: cutlass.Constexpr[int], rows_by_add: cutlass.Constexpr[bool] = False):
+    """The producer warp of K2 and pre_scan: every tile in order, each as produce_tile."""
     for i in cutlass.range(ntiles, unroll=1):
-        if cutlass.const_expr(ready is not None):
-            spin_until_set_gpu(ready + (slot0 + Int64(i)) * 4)
         produce_tile(full, empty, buf_addr, i, tok0, tok_end, slot0, v_row0, row_step, images, smalls, stage, off_v,
                      vstr, v_bytes, rows_by_add)
 

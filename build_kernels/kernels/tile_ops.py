@@ -8,7 +8,7 @@ from cutlass import Float32, Int32, Int64, Uint32
 from cutlass.cute.nvgpu import cpasync
 
 from .. import abi_constants as ABI_CONSTANTS
-from .ptx_ops import f32x2_to_bf16x2, fence_proxy_async_global, fma_rn_ftz, mul_rn_ftz, tanh_approx, u32_as_f32
+from .ptx_ops import f32x2_to_bf16x2, fma_rn_ftz, mul_rn_ftz, tanh_approx, u32_as_f32
 
 # From build_kernels/abi_constants.py, the one place they are declared (the manifest records them).
 CHUNK = ABI_CONSTANTS.CHUNK  # tokens per tile (docs/algorithm.md §2.3); the 16x16 inverse and the gate range argument rely on it
@@ -108,21 +108,15 @@ def bulk_s2g_tensor(ssrc, gdst) -> None:
     cute.copy(cute.make_copy_atom(cpasync.CopyBulkS2GOp(), ssrc.element_type), ssrc, gdst)
 
 
-def bulk_s2g_elected(pairs, published: bool = False) -> None:
+def bulk_s2g_elected(pairs) -> None:
     """One elected lane of the calling warp issues every (smem, gmem) copy, commits and waits until
     the sources have been read (bulk groups are per thread, so issue and wait share one lane).
-    Writers must have run fence_proxy('async.shared') and a barrier with this warp before.
-    published: wait until the writes are complete instead, and fence them for the generic proxy, so
-    that a flag the CTA sets after its next barrier publishes them (ptx_ops.set_flag_release_gpu)."""
+    Writers must have run fence_proxy('async.shared') and a barrier with this warp before."""
     with cute.arch.elect_one():
         for ssrc, gdst in pairs:
             bulk_s2g_tensor(ssrc, gdst)
         cute.arch.cp_async_bulk_commit_group()
-        if published:
-            cute.arch.cp_async_bulk_wait_group(0, read=False)
-            fence_proxy_async_global()
-        else:
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
 
 
 # --- the single-CTA table kernels (varlen_tiles, cp_seg_tables) ---------------------------------
