@@ -51,15 +51,18 @@ def fake_arg(arg: Arg):
 
 
 def _kernel_sources(module: str, seen: set | None = None) -> List[Path]:
-    """The kernel module's file and every sibling kernel module it imports, transitively."""
+    """The kernel module's file and every module of build_kernels/kernels/ it imports (the helpers of
+    common/ among them), transitively; `module` is dotted from kernels/ ("k1_prepare",
+    "common.ptx_ops"), and a relative import resolves from the importing module's package."""
     seen = set() if seen is None else seen
     if module in seen:
         return []
     seen.add(module)
-    path = KERNELS_DIR / f"{module}.py"
+    path = KERNELS_DIR.joinpath(*module.split(".")).with_suffix(".py")
+    package = module.rpartition(".")[0]
     files = [path]
-    for dep in re.findall(r"^from \.(\w+) import", path.read_text(), flags=re.M):
-        files += _kernel_sources(dep, seen)
+    for dep in re.findall(r"^from \.(\w+(?:\.\w+)*) import", path.read_text(), flags=re.M):
+        files += _kernel_sources(f"{package}.{dep}" if package else dep, seen)
     return files
 
 

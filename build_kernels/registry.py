@@ -68,7 +68,7 @@ class Variant:
 # sequence order, for dense inputs and CP segments). docs/dispatch_order.md.
 SEQ_ORDER = ptr("seq_order", "int32", 4)
 # The list of sequences a call runs (segment_ids), the per-sequence flags the first table kernel
-# makes of it, and the list's length (kernels/listed_sequences.py).
+# makes of it, and the list's length (kernels/common/listed_sequences.py).
 SEGMENT_IDS, LISTED, N_LISTED = ptr("segment_ids", "int32", 4), ptr("listed", "int32", 4), scalar("n_listed", "i32")
 
 
@@ -77,18 +77,18 @@ def _seq_tables() -> List[Variant]:
     [0, t_total] so any content is safe (and, varlen, K2's longest-first dispatch order), or dense."""
     tables = (ptr("seq_start", "int32", 4), ptr("tile_prefix", "int32", 4), scalar("n_seq", "i32"))
     variants = [
-        Variant(f"seq_tables_{cu}", "varlen_tiles", "seq_tables_varlen",
+        Variant(f"seq_tables_{cu}", "seq_tables", "seq_tables_varlen",
                 (ptr("cu_seqlens", cu, 8 if cu == "int64" else 4),) + tables[:2] + (SEQ_ORDER,) + tables[2:]
                 + (scalar("t_total", "i32"), STREAM))
         for cu in ("int32", "int64")
     ]
-    variants.append(Variant("seq_tables_dense", "varlen_tiles", "seq_tables_dense",
+    variants.append(Variant("seq_tables_dense", "seq_tables", "seq_tables_dense",
                             tables + (scalar("seq_len", "i32"), STREAM)))
-    # a call that runs its listed sequences only (segment_ids; kernels/listed_sequences.py): the
+    # a call that runs its listed sequences only (segment_ids; kernels/common/listed_sequences.py): the
     # tables over the listed sequences, their flags and state slots; dense reads no cu_seqlens
     for cu in ("int32", "int64", "dense"):
         variants.append(Variant(
-            f"seq_tables_listed_{cu}", "varlen_tiles", "seq_tables_listed",
+            f"seq_tables_listed_{cu}", "seq_tables", "seq_tables_listed",
             (ptr("cu_seqlens", "int32" if cu == "dense" else cu, 8 if cu == "int64" else 4), SEGMENT_IDS,
              ptr("state_indices", "int32", 4), LISTED, ptr("listed_slot", "int32", 4)) + tables[:2]
             + (SEQ_ORDER, tables[2], N_LISTED, scalar("t_total", "i32"), STREAM),
@@ -118,8 +118,8 @@ def _k1() -> List[Variant]:
 
 
 # The general K1 (docs/gate_forms.md): every gate and beta form that is not FlashKDA's configuration.
-# Names k1x_<gate>_<beta>[_acc] (kda_aot/gate_forms.k1_kernel spells the same); the codes are
-# build_kernels/kernels/tile_prep.py's GATE_* and BETA_*.
+# Names k1x_<gate>_<beta>[_acc] (kda_aot/spec/gate_forms.k1_kernel spells the same); the codes are
+# build_kernels/kernels/common/tile_prep.py's GATE_* and BETA_*.
 K1X_GATES = {"sigmoid": (1, "bfloat16"), "softplus": (2, "bfloat16"), "logdecay_bf16": (3, "bfloat16"),
              "logdecay_f32": (3, "float32")}
 K1X_BETAS = {"logits": 0, "logits2": 1, "probs": 2}
@@ -258,7 +258,7 @@ def _cp_seg_tables() -> List[Variant]:
         for cu in ("int32", "int64")
     ]
     variants.append(Variant("cp_seg_tables_dense", "cp_seg_tables", "cp_seg_tables_dense", tables + sizes))
-    # the listed sequences only (segment_ids; kernels/listed_sequences.py); dense reads no cu_seqlens
+    # the listed sequences only (segment_ids; kernels/common/listed_sequences.py); dense reads no cu_seqlens
     for cu in ("int32", "int64", "dense"):
         variants.append(Variant(
             f"cp_seg_tables_listed_{cu}", "cp_seg_tables", "cp_seg_tables_listed",

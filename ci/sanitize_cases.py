@@ -98,7 +98,7 @@ CASES = {
     "serial-fp32": lambda: run([300, 17], 2, "fp32"),
     "dense-fp32": lambda: run(None, 2, "fp32", dense=(2, 100)),
     "varlen-empty-and-1-token": lambda: run([0, 1, 40, 0, 1], 2, "bf16"),
-    # K2's longest-first dispatch order over several length buckets (varlen_tiles.longest_first_order)
+    # K2's longest-first dispatch order over several length buckets (seq_tables.longest_first_order)
     "varlen-longest-first": lambda: run([17, 300, 0, 1300, 45, 700, 300], 3, "fp32"),
     # small serial problems pick the register-state K2 at VB=64, small CP ones VB=32 (the mma.sync
     # K2); these force VB=128 and VB=64 (docs/k2_regstate.md), serial, segmented and state pool

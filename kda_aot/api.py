@@ -16,7 +16,7 @@ import sys
 import threading
 from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
 
-from . import __version__
+from ._version import __version__
 from .intake import arguments, frameworks, pending
 from .intake.tensors import TensorDesc
 from .intake.validation import ALIGNMENT, extent_bytes, validate_prefill

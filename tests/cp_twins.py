@@ -4,7 +4,7 @@ kernels' format: what the tests compare the kernels' tables with (docs/kernel_ab
 - `segment_tables`, `last_segments`, `final_slots`, `non_last_segments`: the tables of a host
   `CPPlan` (kda_aot/plan/cp_plan.py) as the segmented kernels read them.
 - `clamp_cu`, `device_seq_tables`, `dispatch_key`, `is_dispatch_order`: exact twins of the
-  varlen_tiles kernels (seq_tables_int32/int64 and their seq_order).
+  seq_tables kernels (seq_tables_int32/int64 and their seq_order).
 - `device_segment_tables` (with `dense_cu` for dense input): the exact twin of cp_seg_tables.
 """
 
@@ -57,7 +57,7 @@ def non_last_segments(plan: CPPlan, longest_first: bool = False) -> List[int]:
 
 
 # ------------------------------------------------------------------------------------------------
-# tables built on the device (exact twins of the kernels varlen_tiles and cp_seg_tables)
+# tables built on the device (exact twins of the kernels seq_tables and cp_seg_tables)
 
 def clamp_cu(cu: Sequence[int], t_total: int) -> List[int]:
     """c[i] = min(t_total, max(0, max_{j <= i} cu[j])): what the device makes of ANY cu_seqlens
@@ -98,7 +98,7 @@ def listed_slots(flags: Sequence[int], state_indices: Optional[Sequence[int]] = 
 
 
 def dispatch_key(tiles: int) -> int:
-    """Twin of varlen_tiles.length_bucket: K2's dispatch-order key of a sequence of `tiles` tiles
+    """Twin of seq_tables.length_bucket: K2's dispatch-order key of a sequence of `tiles` tiles
     (0 for the longest; exact below 4 tiles, then four keys per octave, one key from 2^16 tiles)."""
     f = tiles if tiles < 4 else 4 * (tiles.bit_length() - 1) + ((tiles >> (tiles.bit_length() - 3)) & 3)
     return 63 - min(f, 63)

@@ -11,7 +11,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
-from .ptx_ops import ex2_approx_ftz, rsqrt_approx_ftz, tanh_approx
+from .common.ptx_ops import ex2_approx_ftz, rsqrt_approx_ftz, tanh_approx
 
 THREADS = 256
 OPS = {0: "ex2.approx.ftz.f32", 1: "tanh.approx.f32", 2: "rsqrt.approx.ftz.f32"}

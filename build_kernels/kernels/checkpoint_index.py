@@ -16,7 +16,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
-from .tile_ops import await_previous_grid
+from .common.tile_ops import await_previous_grid
 
 THREADS = 256
 

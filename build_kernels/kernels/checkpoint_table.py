@@ -17,7 +17,7 @@ import cuda.bindings.driver as cuda
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
-from .tile_ops import CHUNK, await_previous_grid
+from .common.tile_ops import CHUNK, await_previous_grid
 
 THREADS = 256
 

@@ -61,10 +61,10 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
-from .ptx_ops import (bulk_g2s, cp_async_16, ldg_bf16x4_f32, ldg_v4_f32, lds_b32, lds_f32, lds_v2_f32, mma_tf32_1688,
-                      st_shared_v4, stg_v2_f32, stg_v4_f32, sts_v2_b32, to_tf32)
-from .state_io import pool_slot
-from .tile_ops import D, await_previous_grid, m_seg_column, sync_named
+from .common.ptx_ops import (bulk_g2s, cp_async_16, ldg_bf16x4_f32, ldg_v4_f32, lds_b32, lds_f32, lds_v2_f32,
+                             mma_tf32_1688, st_shared_v4, stg_v2_f32, stg_v4_f32, sts_v2_b32, to_tf32)
+from .common.state_io import pool_slot
+from .common.tile_ops import D, await_previous_grid, m_seg_column, sync_named
 
 ROWS = 16  # carry rows (value rows) per CTA: one m16 tile
 WARPS = 8  # MMA warps per CTA, each owning WARP_COLS output columns

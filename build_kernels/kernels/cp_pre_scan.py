@@ -65,12 +65,13 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
 from .. import abi_constants as ABI_CONSTANTS
-from .ptx_ops import (fma_rn, ldg_b32, lds_b32, lds_f32, ldsm_x4, ldsm_x4_t, mma_bf16_16816,
-                      pack_bf16x2, select_b32, stg_f32, stg_f32_pair_from_bf16, sts_b32, unpack_bf16x2)
-from .recurrence_common import (BSIG_BYTES, GT_BYTES, SQ_BYTES, TILE_BYTES, SequenceTiles, alloc_ring, bsig_smalls,
-                                init_ring, lds_bsig, mma_split, mma_warps, produce_tiles, solve_u_fragment,
-                                solve_u_fragment_accurate, state_f32_step, state_words_step, v_stride, wait_stage_full)
-from .tile_ops import CHUNK, D, await_previous_grid, m_seg_column
+from .common.ptx_ops import (fma_rn, ldg_b32, lds_b32, lds_f32, ldsm_x4, ldsm_x4_t, mma_bf16_16816, pack_bf16x2,
+                             select_b32, stg_f32, stg_f32_pair_from_bf16, sts_b32, unpack_bf16x2)
+from .common.recurrence_common import (BSIG_BYTES, GT_BYTES, SQ_BYTES, TILE_BYTES, SequenceTiles, alloc_ring,
+                                       bsig_smalls, init_ring, lds_bsig, mma_split, mma_warps, produce_tiles,
+                                       solve_u_fragment, solve_u_fragment_accurate, state_f32_step, state_words_step,
+                                       v_stride, wait_stage_full)
+from .common.tile_ops import CHUNK, D, await_previous_grid, m_seg_column
 
 OFF_KD, OFF_KR = 0, TILE_BYTES
 OFF_GT = 2 * TILE_BYTES

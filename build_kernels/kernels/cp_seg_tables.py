@@ -2,7 +2,7 @@
 built from cu_seqlens (or the dense shape) without a device-to-host copy.
 
 The exact CPU twin is device_segment_tables in tests/cp_twins.py; in short, with c the clamped
-cu_seqlens of varlen_tiles (any content is safe) and t_n = ceil((c[n+1] - c[n]) / 16):
+cu_seqlens of seq_tables (any content is safe) and t_n = ceil((c[n+1] - c[n]) / 16):
 
     c_n = max(1, min(ceil(t_n / seg_len), max_count, t_n // min_tiles))   segments of sequence n
     seg_first[n] = min(F_n, S), F_n = sum_{m<n} c_m; seg_count[n] = the c_n segments below S
@@ -31,8 +31,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
-from .listed_sequences import ListedMode, mark_listed
-from .tile_ops import CHUNK, await_previous_grid, block_scan, clamp_token, tile_count
+from .common.listed_sequences import ListedMode, mark_listed
+from .common.tile_ops import CHUNK, await_previous_grid, block_scan, clamp_token, tile_count
 
 THREADS = 256
 WARPS = THREADS // 32

@@ -64,13 +64,13 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64, Uint8, Uint32
 
-from .ptx_ops import ex2_approx_ftz, ldg_b32, mul_rn_ftz, sub_rn
-from .tile_ops import (CHUNK, D, LOG2E, await_previous_grid, bsig_residue_slot0, bulk_g2s_tensor, bulk_s2g_elected,
-                       raw_tile_layout, round_bf16, sync_named)
-from .tile_prep import (BETA_LOGITS, F32_FACTOR_ROW, GATE_LOGDECAY, GATE_SAFE, PAD_ROW, decayed_images,
-                        decayed_images_wide, gate_factors, gate_factors_general, inverse_fragments, l2norm_hat,
-                        mqk_block_words, mqk_split_products, mqk_words, product_fragments, qk_products,
-                        select as _select, wide_tile_products)
+from .common.ptx_ops import ex2_approx_ftz, ldg_b32, mul_rn_ftz, sub_rn
+from .common.tile_ops import (CHUNK, D, LOG2E, await_previous_grid, bsig_residue_slot0, bulk_g2s_tensor,
+                              bulk_s2g_elected, raw_tile_layout, round_bf16, sync_named)
+from .common.tile_prep import (BETA_LOGITS, F32_FACTOR_ROW, GATE_LOGDECAY, GATE_SAFE, PAD_ROW, decayed_images,
+                               decayed_images_wide, gate_factors, gate_factors_general, inverse_fragments, l2norm_hat,
+                               mqk_block_words, mqk_split_products, mqk_words, product_fragments, qk_products,
+                               select as _select, wide_tile_products)
 
 THREADS = 256
 # Five CTAs per SM, set by registers: 48 per thread at most (ptxas would otherwise take 57 for the

@@ -72,17 +72,18 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64, Float32
 
-from .ptx_ops import (add_rn, ldg_bf16_pair, ldg_f32, ldg_f32_pair_bf16, lds_b32, lds_f32,
-                      ldsm_x4, ldsm_x4_t, mma_bf16_16816, pack_bf16x2, round_bf16x2, select_b32, stg_b32_if, stg_bf16_pair,
-                      stg_f32, stg_f32_pair_from_bf16, sts_b32, unpack_bf16x2)
-from .recurrence_common import (HEAD_ROW_BYTES, K2_OFF_BSIG, K2_OFF_GT, K2_OFF_INV, K2_OFF_KD,
-                                K2_OFF_KR, K2_OFF_MQK, K2_OFF_QD, K2_OFF_V, STAGES, K2Params, SequenceTiles, alloc_ring,
-                                init_ring, k2_cta_sequence, k2_params, k2_stage_bytes, k2_tile_source, lds_bsig, mma_split,
-                                mma_warps, produce_first_tiles, produce_in_turn, produce_tiles, solve_u_fragment,
-                                solve_u_fragment_accurate, state_f32_step, state_words_step, v_stride, wait_stage_full)
+from .common.ptx_ops import (add_rn, ldg_bf16_pair, ldg_f32, ldg_f32_pair_bf16, lds_b32, lds_f32, ldsm_x4, ldsm_x4_t,
+                             mma_bf16_16816, pack_bf16x2, round_bf16x2, select_b32, stg_b32_if, stg_bf16_pair, stg_f32,
+                             stg_f32_pair_from_bf16, sts_b32, unpack_bf16x2)
+from .common.recurrence_common import (HEAD_ROW_BYTES, K2_OFF_BSIG, K2_OFF_GT, K2_OFF_INV, K2_OFF_KD, K2_OFF_KR,
+                                       K2_OFF_MQK, K2_OFF_QD, K2_OFF_V, STAGES, K2Params, SequenceTiles, alloc_ring,
+                                       init_ring, k2_cta_sequence, k2_params, k2_stage_bytes, k2_tile_source, lds_bsig,
+                                       mma_split, mma_warps, produce_first_tiles, produce_in_turn, produce_tiles,
+                                       solve_u_fragment, solve_u_fragment_accurate, state_f32_step, state_words_step,
+                                       v_stride, wait_stage_full)
 from .. import abi_constants as ABI_CONSTANTS
-from .state_io import checkpoint_target, checkpoint_targets, k2_state_slots, sequence_start_of
-from .tile_ops import D
+from .common.state_io import checkpoint_target, checkpoint_targets, k2_state_slots, sequence_start_of
+from .common.tile_ops import D
 
 
 @dataclasses.dataclass(frozen=True)

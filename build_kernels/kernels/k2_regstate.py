@@ -52,11 +52,11 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64
 
 from .. import abi_constants as ABI_CONSTANTS
-from .recurrence_common import (K2Params, SequenceTiles, alloc_ring, init_ring, k2_cta_sequence, k2_params,
-                                k2_stage_bytes, k2_tile_source, produce_tiles)
-from .regstate_step import WG_COLS, mma_warpgroups, mma_warpgroups_accurate
-from .state_io import k2_state_slots
-from .tile_ops import D
+from .common.recurrence_common import (K2Params, SequenceTiles, alloc_ring, init_ring, k2_cta_sequence, k2_params,
+                                       k2_stage_bytes, k2_tile_source, produce_tiles)
+from .common.regstate_step import WG_COLS, mma_warpgroups, mma_warpgroups_accurate
+from .common.state_io import k2_state_slots
+from .common.tile_ops import D
 
 # The producer warpgroup's registers per thread after the trade (setmaxnreg's least; one warp issues
 # the copies and needs no more), and what the VB=128 MMA warpgroups take: with 232 (and 40 for the

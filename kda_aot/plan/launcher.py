@@ -6,7 +6,7 @@ last segments write the final states.
 
 Everything here depends only on the problem's shapes and options, never on a pointer: a call
 supplies its pointers when it runs the program. The sequence and segment tables are built on the
-device from `cu_seqlens` (varlen_tiles, cp_seg_tables), so no call reads anything back to the
+device from `cu_seqlens` (seq_tables, cp_seg_tables), so no call reads anything back to the
 host, and every grid is sized by a bound the host knows; CTAs past the real work exit at once.
 """
 
@@ -97,7 +97,7 @@ def _sequence_tables(prog: Program, problem: Problem, off, n_seq: int, order: bo
                      listed: bool = False) -> None:
     """The sequence tables; varlen also K2's longest-first dispatch order (`order`: in off["seq_order"]).
     `listed` (a call with segment_ids, serial): the tables over the listed sequences, with the
-    listed flags and K2's state slots (varlen_tiles.SeqTablesListed; the order dense too)."""
+    listed flags and K2's state slots (seq_tables.SeqTablesListed; the order dense too)."""
     tables = dict(seq_start=ws(off["seq_start"]), tile_prefix=ws(off["tile_prefix"]), n_seq=n_seq, stream=STREAM)
     if listed:
         prog.add(f"seq_tables_listed_{problem.cu_dtype if problem.varlen else 'dense'}", dict(

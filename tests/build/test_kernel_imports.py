@@ -68,8 +68,36 @@ def test_the_import_scan_sees_every_form(tmp_path, monkeypatch):
         "from .k2_recurrence import STAGES\n"
         "from . import cp_merge\n"
         "from build_kernels.kernels.k1_prepare import THREADS\n"
-        "import build_kernels.kernels.varlen_tiles\n"
+        "import build_kernels.kernels.seq_tables\n"
         "from .tile_ops import D\n")
     monkeypatch.setattr(sys.modules[__name__], "KERNELS", tmp_path)
-    assert _imported_kernel_siblings("fake") == {"k2_recurrence", "cp_merge", "k1_prepare", "varlen_tiles",
+    assert _imported_kernel_siblings("fake") == {"k2_recurrence", "cp_merge", "k1_prepare", "seq_tables",
                                                  "tile_ops"}
+
+
+def test_a_kernels_cache_key_covers_every_module_it_imports():
+    """compile.fingerprint hashes the sources compile._kernel_sources lists: every module of
+    build_kernels/kernels/ that a kernel imports, the helpers of common/ and theirs included (else a
+    helper's change would leave stale kernels in the build cache)."""
+    pytest = __import__("pytest")
+    pytest.importorskip("cutlass")
+    from build_kernels import compile as kc
+
+    def imported(path: Path, package: str):
+        tree = ast.parse(path.read_text(), filename=path.name)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+                yield f"{package}.{node.module}" if package else node.module
+
+    for module in _kernel_modules():
+        listed = {p.resolve() for p in kc._kernel_sources(module)}
+        todo, wanted = [module], set()
+        while todo:
+            name = todo.pop()
+            path = KERNELS.joinpath(*name.split(".")).with_suffix(".py")
+            if path in wanted:
+                continue
+            wanted.add(path)
+            todo.extend(imported(path, name.rpartition(".")[0]))
+        assert wanted <= listed, (module, sorted(str(p.relative_to(KERNELS)) for p in wanted - listed))
+        assert any(p.parent.name == "common" for p in listed), module

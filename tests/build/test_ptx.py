@@ -230,7 +230,7 @@ _K2_EXT_ONLY = {"idx_ptr", "slot_stride", "n_pool", "ck_ptr", "ck_every", "mSeqS
 
 
 def _k2_fields_passed(variant) -> set:
-    from build_kernels.kernels.recurrence_common import K2Params
+    from build_kernels.kernels.common.recurrence_common import K2Params
 
     c = dict(variant.constants)
     absent = set()

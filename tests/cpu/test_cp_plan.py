@@ -303,7 +303,7 @@ def test_plan_is_frozen():
 
 
 def test_dispatch_key_is_monotone_and_fits_64_buckets():
-    """The CPU twin of varlen_tiles.length_bucket (K2's longest-first order, docs/dispatch_order.md)."""
+    """The CPU twin of seq_tables.length_bucket (K2's longest-first order, docs/dispatch_order.md)."""
     keys = [cp_twins.dispatch_key(t) for t in range(0, 70000)]
     assert all(a >= b for a, b in zip(keys, keys[1:])), "longer sequences must never get a larger key"
     assert keys[:4] == [63, 62, 61, 60] and keys[4] < 60  # exact below 4 tiles

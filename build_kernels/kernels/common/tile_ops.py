@@ -7,7 +7,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 from cutlass.cute.nvgpu import cpasync
 
-from .. import abi_constants as ABI_CONSTANTS
+from ... import abi_constants as ABI_CONSTANTS
 from .ptx_ops import f32x2_to_bf16x2, fma_rn_ftz, mul_rn_ftz, tanh_approx, u32_as_f32
 
 # From build_kernels/abi_constants.py, the one place they are declared (the manifest records them).
@@ -119,7 +119,7 @@ def bulk_s2g_elected(pairs) -> None:
         cute.arch.cp_async_bulk_wait_group(0, read=True)
 
 
-# --- the single-CTA table kernels (varlen_tiles, cp_seg_tables) ---------------------------------
+# --- the single-CTA table kernels (seq_tables, cp_seg_tables) ---------------------------------
 
 def clamp_token(value, t_total: Int32) -> Int32:
     """min(t_total, max(0, value)) of a cu_seqlens entry of either width, computed in 64 bits so

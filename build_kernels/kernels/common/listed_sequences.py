@@ -1,6 +1,6 @@
 """Listed sequences (`segment_ids`, docs/state_pool.md "Listed sequences"): a call that runs the
 recurrence over some of its sequences only. Shared by the table kernels that honour the list
-(varlen_tiles.SeqTablesListed, cp_seg_tables.CpSegTablesListed, checkpoint_index.CheckpointIndexListed).
+(seq_tables.SeqTablesListed, cp_seg_tables.CpSegTablesListed, checkpoint_index.CheckpointIndexListed).
 
 The list is turned into one flag per sequence, `listed[n]` (1: run, 0: leave untouched), written
 by the first table kernel of the call. Everything else follows from giving an unlisted sequence no

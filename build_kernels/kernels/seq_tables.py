@@ -35,9 +35,9 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
-from .listed_sequences import ListedMode, mark_listed
-from .ptx_ops import atom_add_shared, ldg_b32, lds_b32, stg_b32, sts_b32
-from .tile_ops import CHUNK, await_previous_grid, block_scan, clamp_token, tile_count
+from .common.listed_sequences import ListedMode, mark_listed
+from .common.ptx_ops import atom_add_shared, ldg_b32, lds_b32, stg_b32, sts_b32
+from .common.tile_ops import CHUNK, await_previous_grid, block_scan, clamp_token, tile_count
 
 THREADS = 256
 WARPS = THREADS // 32
