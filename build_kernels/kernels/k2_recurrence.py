@@ -72,15 +72,16 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64, Float32
 
+from .common.k2_entries import ExtEntry, SegmentsEntry, SerialEntry
 from .common.ptx_ops import (add_rn, ldg_bf16_pair, ldg_f32, ldg_f32_pair_bf16, lds_b32, lds_f32, ldsm_x4, ldsm_x4_t,
                              mma_bf16_16816, pack_bf16x2, round_bf16x2, select_b32, stg_b32_if, stg_bf16_pair, stg_f32,
                              stg_f32_pair_from_bf16, sts_b32, unpack_bf16x2)
 from .common.recurrence_common import (HEAD_ROW_BYTES, K2_OFF_BSIG, K2_OFF_GT, K2_OFF_INV, K2_OFF_KD, K2_OFF_KR,
                                        K2_OFF_MQK, K2_OFF_QD, K2_OFF_V, STAGES, K2Params, SequenceTiles, alloc_ring,
-                                       init_ring, k2_cta_sequence, k2_params, k2_stage_bytes, k2_tile_source, lds_bsig,
-                                       mma_split, mma_warps, produce_first_tiles, produce_in_turn, produce_tiles,
-                                       solve_u_fragment, solve_u_fragment_accurate, state_f32_step, state_words_step,
-                                       v_stride, wait_stage_full)
+                                       init_ring, k2_cta_sequence, k2_stage_bytes, k2_tile_source, lds_bsig, mma_split,
+                                       mma_warps, produce_first_tiles, produce_in_turn, produce_tiles, solve_u_fragment,
+                                       solve_u_fragment_accurate, state_f32_step, state_words_step, v_stride,
+                                       wait_stage_full)
 from .. import abi_constants as ABI_CONSTANTS
 from .common.state_io import checkpoint_target, checkpoint_targets, k2_state_slots, sequence_start_of
 from .common.tile_ops import D
@@ -289,18 +290,11 @@ def _store_master_state(st, final_ptr, final_base, col0, g, q, NB: int):
 
 
 class K2Recurrence:
-    """The mma.sync K2 kernel of one static configuration (K2Config). The mode classes below add the
-    host entry of each mode, a `@cute.jit __call__` with the registry's arguments of that mode."""
+    """The mma.sync K2 kernel of one static configuration (K2Config). The mode classes below put the
+    host entry of each mode (common/k2_entries.py, shared with the register-state K2) before it."""
 
     def __init__(self, config: K2Config):
         self.config = config
-
-    def __str__(self):
-        """What the kernel's PTX symbol spells for this object: the mode and the constants that are
-        not K2Config's defaults (the DSL spells a kernel method's symbol from its object)."""
-        cfg = self.config
-        return "_".join([type(self).__name__] + [f"{f.name}{getattr(cfg, f.name)}" for f in dataclasses.fields(cfg)
-                                                 if getattr(cfg, f.name) != f.default])
 
     def _launch(self, params: K2Params, n_seq: Int32, n_heads: Int32, stream: cuda.CUstream):
         cfg = self.config
@@ -598,7 +592,7 @@ class K2Recurrence:
                                       NB, NW, cfg.final_fp32)
 
 
-class K2Serial(K2Recurrence):
+class K2Serial(SerialEntry, K2Recurrence):
     """Serial K2 (registry entry k2_recurrence): a sequence per CTA, its state I/O as the constants say."""
 
     def __init__(self, has_initial: bool, has_final: bool, state_fp32: bool, value_block: int,
@@ -606,83 +600,20 @@ class K2Serial(K2Recurrence):
         super().__init__(K2Config(value_block, accurate, False, has_initial, has_final, state_fp32, state_fp32,
                                   ablation=ablation))
 
-    @cute.jit
-    def __call__(self, v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: cute.Pointer,
-                 ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer, ws_mqk: cute.Pointer,
-                 ws_bsig: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer, seq_order: cute.Pointer,
-                 initial_state: cute.Pointer, final_state: cute.Pointer, t_total: Int32, n_seq: Int32,
-                 n_heads: Int32, cap: Int32, v_stride_t: Int64, v_stride_h: Int64, stream: cuda.CUstream):
-        """K2 host entry: out [T_total, H, 128] bf16, v read in place at token / head strides v_stride_t /
-        v_stride_h (elements; 16-byte aligned rows of 128), workspace regions (docs/kernel_abi.md), sequence
-        tables [n_seq + 1] int32, seq_order [n_seq] int32 (the dispatch order; null: sequence order),
-        states [n_seq, H, 128, 128] (V x K). t_total is not needed by the
-        kernel (every access is bounded by seq_start)."""
-        self._launch(k2_params(self.config, v, out, (ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk, ws_bsig),
-                               seq_start, tile_prefix, n_seq, n_heads, cap, v_stride_t, v_stride_h, initial_state,
-                               final_state, seq_order=seq_order),
-                     n_seq, n_heads, stream)
 
-
-class K2Segments(K2Recurrence):
+class K2Segments(SegmentsEntry, K2Recurrence):
     """Segmented K2 of a CP call (registry entry k2_segments; docs/algorithm.md §4.5)."""
 
     def __init__(self, final_fp32: bool, value_block: int, accurate: bool = False):
         super().__init__(K2Config(value_block, accurate, True, True, True, True, final_fp32))
 
-    @cute.jit
-    def __call__(self, v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: cute.Pointer,
-                 ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer, ws_mqk: cute.Pointer,
-                 ws_bsig: cute.Pointer, seg_start: cute.Pointer, seg_prefix: cute.Pointer,
-                 carries: cute.Pointer, final_state: cute.Pointer, final_slot: cute.Pointer, t_total: Int32,
-                 n_seg: Int32, n_heads: Int32, cap: Int32, v_stride_t: Int64, v_stride_h: Int64,
-                 stream: cuda.CUstream):
-        """K2 with segments in place of sequences, entry states from the merge's fp32 carries
-        [n_seg, H, 128, 128], and the exit state of segment j written to final_state[final_slot[j]]
-        (bf16 or fp32 [n_seq, H, 128, 128]) when final_slot[j] >= 0, i.e. only by each sequence's
-        last segment: no scratch and no gather kernel."""
-        self._launch(k2_params(self.config, v, out, (ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk, ws_bsig),
-                               seg_start, seg_prefix, n_seg, n_heads, cap, v_stride_t, v_stride_h, carries, final_state,
-                               final_slot=final_slot),
-                     n_seg, n_heads, stream)
 
-
-class K2Ext(K2Recurrence):
+class K2Ext(ExtEntry, K2Recurrence):
     """K2 with state I/O by slot and checkpoints (registry entry k2_ext; docs/state_pool.md),
-    serial (segments=False) or segmented (segments=True: entry states from the fp32 carries, the
-    final state of sequence final_slot[j] written by its last segment j)."""
+    serial (segments=False) or segmented (segments=True)."""
 
     def __init__(self, segments: bool, state_fp32: bool, final_fp32: bool, value_block: int):
         super().__init__(K2Config(value_block, False, segments, True, True, state_fp32, final_fp32, ext=True))
-
-    @cute.jit
-    def __call__(self, v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: cute.Pointer,
-                 ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer, ws_mqk: cute.Pointer,
-                 ws_bsig: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer, seq_order: cute.Pointer,
-                 initial_state: cute.Pointer, final_state: cute.Pointer, final_slot: cute.Pointer,
-                 state_index: cute.Pointer, checkpoints: cute.Pointer, real_seq_start: cute.Pointer,
-                 slot_stride: Int64, n_pool: Int32, checkpoint_every: Int32, n_real: Int32,
-                 checkpoint_table: cute.Pointer, checkpoint_k: Int32, checkpoint_stride: Int64, t_total: Int32,
-                 n_seq: Int32, n_heads: Int32, cap: Int32, v_stride_t: Int64, v_stride_h: Int64,
-                 stream: cuda.CUstream):
-        """States are rows of a pool [n_pool slots, H, 128, 128] with slot stride `slot_stride` elements:
-        sequence n reads and writes slot state_index[n] (slot n when state_index is null); a slot
-        outside [0, n_pool) is neither read (entry 0) nor written. A null initial_state / final_state
-        means no entry read / no final write. checkpoints (null: none) is the checkpoint destination.
-        checkpoint_every = C > 0: [T // C, H, 128, 128] receives, for every full tile ending at token e
-        with (e - start of its sequence) % C == 0, the state at slot e // C - 1. checkpoint_every = 0
-        and checkpoint_k = K in {1, 2}: checkpoint_table int32 [n_real, K, 2] (checkpoint_table.py)
-        gives each sequence's cleaned offsets and destination slots, checkpoint_stride the elements
-        per destination slot. real_seq_start [n_real + 1] (the sequence tables) tells a segment where
-        its sequence starts and which it is. v is read at token / head strides v_stride_t / v_stride_h.
-        seq_order [n_seq] (null: sequence order) is the dispatch order of the serial call's sequences."""
-        self._launch(k2_params(self.config, v, out, (ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk, ws_bsig),
-                               seq_start, tile_prefix, n_seq, n_heads, cap, v_stride_t, v_stride_h, initial_state,
-                               final_state, final_slot=final_slot, seq_order=seq_order, state_index=state_index,
-                               slot_stride=slot_stride, n_pool=n_pool, checkpoints=checkpoints,
-                               checkpoint_every=checkpoint_every, real_seq_start=real_seq_start, n_real=n_real,
-                               checkpoint_table=checkpoint_table, checkpoint_k=checkpoint_k,
-                               checkpoint_stride=checkpoint_stride),
-                     n_seq, n_heads, stream)
 
 
 # The registry's entry names (the manifest's, which the runtime looks variants up by): each is the

@@ -52,8 +52,9 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64
 
 from .. import abi_constants as ABI_CONSTANTS
-from .common.recurrence_common import (K2Params, SequenceTiles, alloc_ring, init_ring, k2_cta_sequence, k2_params,
-                                       k2_stage_bytes, k2_tile_source, produce_tiles)
+from .common.k2_entries import ExtEntry, SegmentsEntry, SerialEntry
+from .common.recurrence_common import (K2Params, SequenceTiles, alloc_ring, init_ring, k2_cta_sequence, k2_stage_bytes,
+                                       k2_tile_source, produce_tiles)
 from .common.regstate_step import WG_COLS, mma_warpgroups, mma_warpgroups_accurate
 from .common.state_io import k2_state_slots
 from .common.tile_ops import D
@@ -113,18 +114,10 @@ class RegstateConfig:
 
 class K2Regstate:
     """The register-state K2 kernel of one static configuration (RegstateConfig). The mode classes
-    below add the host entry of each mode, a `@cute.jit __call__` with the arguments of the mma.sync
-    K2's entry of the same mode."""
+    below put the host entry of each mode (common/k2_entries.py, the mma.sync K2's entries) before it."""
 
     def __init__(self, config: RegstateConfig):
         self.config = config
-
-    def __str__(self):
-        """What the kernel's PTX symbol spells for this object: the mode and the constants that are
-        not RegstateConfig's defaults (the DSL spells a kernel method's symbol from its object)."""
-        cfg = self.config
-        return "_".join([type(self).__name__] + [f"{f.name}{getattr(cfg, f.name)}" for f in dataclasses.fields(cfg)
-                                                 if getattr(cfg, f.name) != f.default])
 
     def _launch(self, params: K2Params, n_seq: Int32, n_heads: Int32, stream: cuda.CUstream):
         cfg = self.config
@@ -193,7 +186,7 @@ class K2Regstate:
             mma_warpgroups(cfg, p, seq, warp, lane, vblk, n, h64, H64, full, empty, buf_addr, slot, in_slot)
 
 
-class K2RegstateSerial(K2Regstate):
+class K2RegstateSerial(SerialEntry, K2Regstate):
     """Serial host entry (registry entry k2_regstate) with the arguments of k2_recurrence.K2Serial;
     accurate: numerics="accurate" (docs/numerics.md), bit for bit the mma.sync K2's accurate step."""
 
@@ -201,63 +194,21 @@ class K2RegstateSerial(K2Regstate):
                  accurate: bool = False):
         super().__init__(RegstateConfig(value_block, accurate, False, has_initial, has_final, state_fp32, state_fp32))
 
-    @cute.jit
-    def __call__(self, v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: cute.Pointer,
-                 ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer, ws_mqk: cute.Pointer,
-                 ws_bsig: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer, seq_order: cute.Pointer,
-                 initial_state: cute.Pointer, final_state: cute.Pointer, t_total: Int32, n_seq: Int32,
-                 n_heads: Int32, cap: Int32, v_stride_t: Int64, v_stride_h: Int64, stream: cuda.CUstream):
-        self._launch(k2_params(self.config, v, out, (ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk, ws_bsig),
-                               seq_start, tile_prefix, n_seq, n_heads, cap, v_stride_t, v_stride_h, initial_state,
-                               final_state, seq_order=seq_order),
-                     n_seq, n_heads, stream)
 
-
-class K2RegstateSegments(K2Regstate):
+class K2RegstateSegments(SegmentsEntry, K2Regstate):
     """Segmented host entry (registry entry k2_regstate_segments) with the arguments of
     k2_recurrence.K2Segments (a CP call's K2); accurate as in K2RegstateSerial."""
 
     def __init__(self, final_fp32: bool, value_block: int, accurate: bool = False):
         super().__init__(RegstateConfig(value_block, accurate, True, True, True, True, final_fp32))
 
-    @cute.jit
-    def __call__(self, v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: cute.Pointer,
-                 ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer, ws_mqk: cute.Pointer,
-                 ws_bsig: cute.Pointer, seg_start: cute.Pointer, seg_prefix: cute.Pointer,
-                 carries: cute.Pointer, final_state: cute.Pointer, final_slot: cute.Pointer, t_total: Int32,
-                 n_seg: Int32, n_heads: Int32, cap: Int32, v_stride_t: Int64, v_stride_h: Int64,
-                 stream: cuda.CUstream):
-        self._launch(k2_params(self.config, v, out, (ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk, ws_bsig),
-                               seg_start, seg_prefix, n_seg, n_heads, cap, v_stride_t, v_stride_h, carries, final_state,
-                               final_slot=final_slot),
-                     n_seg, n_heads, stream)
 
-
-class K2RegstateExt(K2Regstate):
+class K2RegstateExt(ExtEntry, K2Regstate):
     """State-pool and checkpoint host entry (registry entry k2_regstate_ext) with the arguments and
     meaning of k2_recurrence.K2Ext."""
 
     def __init__(self, segments: bool, state_fp32: bool, final_fp32: bool, value_block: int):
         super().__init__(RegstateConfig(value_block, False, segments, True, True, state_fp32, final_fp32, ext=True))
-
-    @cute.jit
-    def __call__(self, v: cute.Pointer, out: cute.Pointer, ws_qd: cute.Pointer, ws_kd: cute.Pointer,
-                 ws_kr: cute.Pointer, ws_gt: cute.Pointer, ws_inv: cute.Pointer, ws_mqk: cute.Pointer,
-                 ws_bsig: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer, seq_order: cute.Pointer,
-                 initial_state: cute.Pointer, final_state: cute.Pointer, final_slot: cute.Pointer,
-                 state_index: cute.Pointer, checkpoints: cute.Pointer, real_seq_start: cute.Pointer,
-                 slot_stride: Int64, n_pool: Int32, checkpoint_every: Int32, n_real: Int32,
-                 checkpoint_table: cute.Pointer, checkpoint_k: Int32, checkpoint_stride: Int64, t_total: Int32,
-                 n_seq: Int32, n_heads: Int32, cap: Int32, v_stride_t: Int64, v_stride_h: Int64,
-                 stream: cuda.CUstream):
-        self._launch(k2_params(self.config, v, out, (ws_qd, ws_kd, ws_kr, ws_gt, ws_inv, ws_mqk, ws_bsig),
-                               seq_start, tile_prefix, n_seq, n_heads, cap, v_stride_t, v_stride_h, initial_state,
-                               final_state, final_slot=final_slot, seq_order=seq_order, state_index=state_index,
-                               slot_stride=slot_stride, n_pool=n_pool, checkpoints=checkpoints,
-                               checkpoint_every=checkpoint_every, real_seq_start=real_seq_start, n_real=n_real,
-                               checkpoint_table=checkpoint_table, checkpoint_k=checkpoint_k,
-                               checkpoint_stride=checkpoint_stride),
-                     n_seq, n_heads, stream)
 
 
 # The registry's entry names (the manifest's, which the runtime looks variants up by): each is the
