@@ -27,7 +27,7 @@ from pathlib import Path
 from . import abi
 from . import compile as kc
 from .registry import LATTICES, all_variants, lattice
-from . import abi_constants as ABI_CONSTANTS
+from . import shared_constants as ABI_CONSTANTS
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -71,7 +71,7 @@ def fingerprint(variant: Variant) -> str:
     h = hashlib.sha256()
     here = Path(__file__)
     for path in sorted(set(_kernel_sources(variant.module))) + [here, here.with_name("registry.py"),
-                                                                  here.with_name("abi_constants.py")]:
+                                                                  here.with_name("shared_constants.py")]:
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     h.update(cutlass.__version__.encode() + OPTIONS.encode() + repr(variant.to_json()).encode())
     return h.hexdigest()[:20]

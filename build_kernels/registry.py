@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, List, Tuple
 
-from . import abi_constants as ABI_CONSTANTS
+from . import shared_constants as ABI_CONSTANTS
 
 # Argument kinds: "ptr" (device pointer, with element dtype and the alignment the kernel assumes),
 # "i32", "i64", "f32" (scalars), "stream".
@@ -387,7 +387,7 @@ FAMILIES = {
 # - k2_ablation: the accurate recipe cut short (levels 1-3), timed by ci/numerics_table.py only;
 #   the runtime asks for ablation=0.
 # - the mma.sync K2 (MMA_K2_FAMILIES) at a value block where its register-state twin exists
-#   (abi_constants.REGSTATE_VALUE_BLOCKS: every serial, segmented and state-pool variant of both
+#   (shared_constants.REGSTATE_VALUE_BLOCKS: every serial, segmented and state-pool variant of both
 #   recipes has a twin there, _k2_regstate): the planner picks the twin (planner.k2_kernel), which
 #   was measured faster on every shape (docs/k2_regstate.md); the mma.sync kernel runs there only
 #   when KDA_K2_KERNEL=k2 forces it (measurement, and the GPU tests comparing the twins byte for

@@ -4,7 +4,7 @@ kda_aot/library/abi_hash.py is the single definition of the ABI hash (a function
 on its registry, the runtime on a manifest). Importing it as `kda_aot.library.abi_hash` would import the
 kda_aot package, whose modules need the runtime's dependencies (numpy, cuda.core) that a build
 environment need not have; so it is executed from its file, once, and kept in sys.modules under a
-private name. The ABI constants flow the other way: build_kernels/abi_constants.py, generated into
+private name. The ABI constants flow the other way: build_kernels/shared_constants.py, generated into
 kda_aot/library/_abi.py.
 """
 

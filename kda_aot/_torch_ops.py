@@ -47,7 +47,7 @@ from typing import List, Optional, Tuple
 
 import torch  # absolute: the top-level torch
 
-from .library.abi_constants import D
+from .library.constants import D
 from . import api
 
 

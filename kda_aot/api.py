@@ -21,7 +21,7 @@ from .intake import arguments, frameworks, pending
 from .intake.tensors import TensorDesc
 from .intake.validation import ALIGNMENT, extent_bytes, validate_prefill
 from .library import streams
-from .library.abi_constants import D
+from .library.constants import D
 from .library.loader import CudaError, KdaError, get_library, library_dir
 from .plan import call_plan
 from .plan.call_plan import CallPlan, UnsafePointers

@@ -32,7 +32,7 @@ import torch
 
 import kda_aot
 
-from .library.abi_constants import D
+from .library.constants import D
 from .plan.dist_plan import RankWork, plan_rank, segment_starts, transfer_segments
 from .plan.program import INPUTS, pack_inputs
 

@@ -31,7 +31,7 @@ from typing import Any, Optional, Tuple
 
 import torch
 
-from .library.abi_constants import D
+from .library.constants import D
 from .fla_compat import KNOWN_KWARGS, PARAM_DTYPES, check_tensors, fla_forms, run
 
 ENV_VAR = "FLA_KDA_AOT"

@@ -24,7 +24,7 @@ from typing import Any, Optional, Tuple
 
 import torch
 
-from .library.abi_constants import D
+from .library.constants import D
 from .spec.gate_forms import Form
 from . import _torch_ops as _ops
 from . import api

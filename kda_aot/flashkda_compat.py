@@ -54,7 +54,7 @@ import torch
 
 from . import _torch_ops
 from . import api
-from .library.abi_constants import CHUNK
+from .library.constants import CHUNK
 from .plan.workspace import workspace_layout, cp_layout
 
 

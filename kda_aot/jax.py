@@ -34,7 +34,7 @@ from . import api
 from .intake import arguments, dtypes
 from .intake.tensors import TensorDesc
 from .library import streams
-from .library.abi_constants import WORKSPACE_ALIGN
+from .library.constants import WORKSPACE_ALIGN
 from .library.loader import get_library
 from .plan.program import N_INPUTS, SLOT
 from .spec import prefill_args

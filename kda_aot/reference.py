@@ -27,8 +27,8 @@ from typing import Any, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .library.abi_constants import CHUNK, D  # head dim K = V = 128 only (§1.4); tile = chunk of 16 tokens (§2.3)
-from .library.abi_constants import LOG2E
+from .library.constants import CHUNK, D  # head dim K = V = 128 only (§1.4); tile = chunk of 16 tokens (§2.3)
+from .library.constants import LOG2E
 from .spec.gate_forms import BETA_FORMS, GATES, resolve_lower_bound
 
 L2_EPS = 1e-6  # inside the square root (§2.1)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
 
-from kda_aot.library.abi_constants import CHUNK
+from kda_aot.library.constants import CHUNK
 from kda_aot.plan.cp_plan import INT32_MAX, CPPlan
 
 

@@ -64,7 +64,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
-from .. import abi_constants as ABI_CONSTANTS
+from .. import shared_constants as ABI_CONSTANTS
 from .common.ptx_ops import (fma_rn, ldg_b32, lds_b32, lds_f32, ldsm_x4, ldsm_x4_t, mma_bf16_16816, pack_bf16x2,
                              select_b32, stg_f32, stg_f32_pair_from_bf16, sts_b32, unpack_bf16x2)
 from .common.recurrence_common import (BSIG_BYTES, GT_BYTES, SQ_BYTES, TILE_BYTES, SequenceTiles, alloc_ring,

@@ -82,7 +82,7 @@ from .common.recurrence_common import (HEAD_ROW_BYTES, K2_OFF_BSIG, K2_OFF_GT, K
                                        mma_warps, produce_first_tiles, produce_in_turn, produce_tiles, solve_u_fragment,
                                        solve_u_fragment_accurate, state_f32_step, state_words_step, v_stride,
                                        wait_stage_full)
-from .. import abi_constants as ABI_CONSTANTS
+from .. import shared_constants as ABI_CONSTANTS
 from .common.state_io import checkpoint_target, checkpoint_targets, k2_state_slots, sequence_start_of
 from .common.tile_ops import D
 

@@ -22,7 +22,7 @@ and Q1's and Q5's B operands are read once per warpgroup instead of once per war
 accumulates exactly as K2's m16n8k16 chain does (ci/probes/mma_vs_wgmma.cu, wgmma_k2_layouts.cu,
 k2_wgmma_chain.cu).
 
-Grid (n_seq * n_heads, 1, 128 // VB), VB in REGSTATE_VALUE_BLOCKS (64, 128: build_kernels/abi_constants.py);
+Grid (n_seq * n_heads, 1, 128 // VB), VB in REGSTATE_VALUE_BLOCKS (64, 128: build_kernels/shared_constants.py);
 CTA: VB // 64 warpgroups of MMA warps, then the producer
 (recurrence_common.produce_tiles, K2's stage layout): one warp at VB = 64, a warpgroup at VB = 128
 that keeps 24 registers per thread and hands the rest to the MMA warpgroups (setmaxnreg), whose one
@@ -51,7 +51,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
-from .. import abi_constants as ABI_CONSTANTS
+from .. import shared_constants as ABI_CONSTANTS
 from .common.k2_entries import ExtEntry, SegmentsEntry, SerialEntry
 from .common.recurrence_common import (K2Params, SequenceTiles, alloc_ring, init_ring, k2_cta_sequence, k2_stage_bytes,
                                        k2_tile_source, produce_tiles)

@@ -92,7 +92,7 @@ KDA_API int32_t kda_launch(int32_t i, void **args, int32_t n) {
  * tensors' device around the launches; the XLA handler (kda_xla.c) runs on the device XLA made
  * current. */
 
-/* KDA_MAX_SLOTS comes with kernel_table.h, from build_kernels/abi_constants.py (MAX_SLOTS). */
+/* KDA_MAX_SLOTS comes with kernel_table.h, from build_kernels/shared_constants.py (MAX_SLOTS). */
 
 int32_t kda_run_program(const kda_step *steps, int32_t n_steps, const kda_slot *slots, int32_t n_slots,
                         const uint64_t *inputs, int32_t n_inputs) {

@@ -20,7 +20,7 @@ import numbers
 import struct
 from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence, Tuple
 
-from ..library.abi_constants import LOG2E, D  # head dim: K = V = 128 only
+from ..library.constants import LOG2E, D  # head dim: K = V = 128 only
 from ..spec import prefill_args
 from ..spec.gate_forms import BETA_FORMS, GATES, Form, needs, resolve_lower_bound
 from ..spec.problem import CpMode, Problem, int_entries, parse_cp  # noqa: F401 (the wall's names)

@@ -9,7 +9,7 @@ through KDA_AOT_LIB_DIR) must match what this package expects, each side from it
 - git_revision: the stamp a wheel build installs beside this module (_build_revision.txt); a
   source tree has none, and then the revision is not compared;
 - constants: the numbers both wings share (head dim, tile size, value blocks, workspace slot
-  sizes), abi_constants.manifest_constants() against the manifest's `constants` section;
+  sizes), constants.manifest_constants() against the manifest's `constants` section;
 - the kernels (each one's name, arguments with kinds, dtypes and alignments, and baked-in
   constants), against _abi.py, generated from build_kernels/registry.py and kept equal to it by a
   CPU test: the library must hold every kernel of the shipped lattice (_abi.SHIPPED, what the
@@ -30,12 +30,12 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from . import abi_constants
+from . import constants
 from .abi_hash import abi_hash
 from .abi_hash import signatures as kernel_signatures
 from ..errors import KdaError
 
-MANIFEST_FORMAT = abi_constants.MANIFEST_FORMAT  # the build writes the same number
+MANIFEST_FORMAT = constants.MANIFEST_FORMAT  # the build writes the same number
 DISTRIBUTIONS = ("kda-aot", "kda-aot-cu12", "kda-aot-cu13")
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]  # kda_aot/
 REVISION_STAMP = _PACKAGE_DIR / "_build_revision.txt"
@@ -83,7 +83,7 @@ def expected_identity() -> Dict[str, Any]:
     from . import _abi
 
     return {"format": MANIFEST_FORMAT, "package_version": package_version(),
-            "git_revision": package_revision(), "constants": abi_constants.manifest_constants(),
+            "git_revision": package_revision(), "constants": constants.manifest_constants(),
             "signatures": list(_abi.SIGNATURES), "shipped": _abi.SHIPPED}
 
 

@@ -180,7 +180,7 @@ class KernelLibrary:
     def missing_variants(self) -> List[str]:
         """This package's kernel variants the library does not hold: the measurement-only ones for a
         library of the shipped lattice, none for one of every variant (KDA_KERNEL_LATTICE=all)."""
-        from .abi_constants import variant_constants
+        from .constants import variant_constants
 
         return [name for name in variant_constants() if name not in self.kernels]
 

@@ -19,7 +19,7 @@ from typing import Optional, Sequence, Tuple
 
 from . import cp_plan, launcher
 from ..spec import prefill_args
-from ..library.abi_constants import D, WORKSPACE_ALIGN
+from ..library.constants import D, WORKSPACE_ALIGN
 from .launcher import Launch, Segmentation
 from .program import SLOT
 from ..spec.problem import Problem

@@ -29,7 +29,7 @@ import operator
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple, Union
 
-from ..library.abi_constants import CHUNK  # tokens per tile
+from ..library.constants import CHUNK  # tokens per tile
 from ..spec.problem import int_entries, parse_cp
 
 DEFAULT_SM_COUNT = 132  # H100 SXM / H200

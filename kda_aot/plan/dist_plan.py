@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence, Tuple
 
-from ..library.abi_constants import CHUNK
+from ..library.constants import CHUNK
 KINDS = ("reset", "transfer", "identity", "end")
 
 

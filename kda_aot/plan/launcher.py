@@ -21,7 +21,7 @@ import numpy as np
 
 from . import planner
 from ..errors import KernelNotBuiltError
-from ..library.abi_constants import LOG2E, regstate_name
+from ..library.constants import LOG2E, regstate_name
 from ..spec.gate_forms import k1_kernel
 from ..library.loader import MEASUREMENT_BUILD, KernelLibrary
 from .program import NULL, STREAM, Program, Ref, ws
@@ -247,7 +247,7 @@ def _ext_dtype(problem: Problem) -> str:
 
 def k2_kernel_name(lib: KernelLibrary, k2_name: str, value_block: int) -> str:
     """The kernel that runs the K2 variant `k2_name` (a mma.sync K2 at `value_block`): its
-    register-state twin (abi_constants.regstate_name: same arguments, same bits) where
+    register-state twin (constants.regstate_name: same arguments, same bits) where
     planner.k2_kernel picks one and the library has it, else k2_name. KDA_K2_KERNEL=k2|regstate
     forces one, for measurement; it is read when a call is planned. A kernel the library lacks
     (a measurement-only one: the mma.sync K2 where a twin exists, an ablation) is a

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping, Optional, Tuple
 
-from ..library.abi_constants import CHUNK, REGSTATE_VALUE_BLOCKS, D, VALUE_BLOCKS, variant_constants
+from ..library.constants import CHUNK, REGSTATE_VALUE_BLOCKS, D, VALUE_BLOCKS, variant_constants
 
 # K2 value blocks per (sequence, head), one per block size the library ships: 1, 2 or 4 CTAs of
 # 128, 64 or 32 value rows each.

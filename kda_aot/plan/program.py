@@ -19,7 +19,7 @@ from typing import List, Mapping, Sequence, Tuple, Union
 import numpy as np
 
 from ..spec import prefill_args
-from ..library.abi_constants import MAX_SLOTS  # the shim's KDA_MAX_SLOTS, generated from it
+from ..library.constants import MAX_SLOTS  # the shim's KDA_MAX_SLOTS, generated from it
 from ..library.loader import KernelLibrary
 
 # The per-call pointer vector, in this order (kda_run's `inputs`).

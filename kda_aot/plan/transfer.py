@@ -27,7 +27,7 @@ import functools
 from typing import NamedTuple
 
 from . import planner
-from ..library.abi_constants import D
+from ..library.constants import D
 from .launcher import WS_REGIONS, contiguous_k1_strides, gate_constant
 from ..library.loader import KernelLibrary
 from .program import NULL, STREAM, Program, Ref, ws

@@ -13,9 +13,9 @@ import threading
 from typing import Dict, Tuple
 
 # The alignment and the bytes per (head, tile) slot of each region, in layout order, are part of
-# the kernel ABI: declared once in build_kernels/abi_constants.py, generated into _abi.py.
-from ..library.abi_constants import SLOT_BYTES, STATE_BYTES
-from ..library.abi_constants import WORKSPACE_ALIGN as ALIGN
+# the kernel ABI: declared once in build_kernels/shared_constants.py, generated into _abi.py.
+from ..library.constants import SLOT_BYTES, STATE_BYTES
+from ..library.constants import WORKSPACE_ALIGN as ALIGN
 
 
 def _round_up(x: int, a: int = ALIGN) -> int:

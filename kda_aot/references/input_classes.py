@@ -45,7 +45,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..library.abi_constants import D
+from ..library.constants import D
 
 CLASSES = ("random", "model", "long", "heavy", "logdecay", "correlated", "correlated_weak")
 CORRELATED = ("correlated", "correlated_weak")

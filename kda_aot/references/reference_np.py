@@ -22,7 +22,7 @@ from typing import Any, Optional, Sequence, Tuple, Union
 import ml_dtypes
 import numpy as np
 
-from ..library.abi_constants import CHUNK, LOG2E, D
+from ..library.constants import CHUNK, LOG2E, D
 
 L2_EPS = 1e-6
 BF16 = np.dtype(ml_dtypes.bfloat16)

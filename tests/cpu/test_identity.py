@@ -15,9 +15,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.append(str(ROOT))  # build_kernels lives only in the source tree (appended: kda_aot stays the installed one)
 from build_kernels import abi  # noqa: E402
-from build_kernels import abi_constants as build_constants  # noqa: E402
+from build_kernels import shared_constants as build_constants  # noqa: E402
 from build_kernels.registry import all_variants, shipped_variants  # noqa: E402
-from kda_aot.library import abi_constants, identity, loader  # noqa: E402
+from kda_aot.library import constants, identity, loader  # noqa: E402
 from kda_aot.library.abi_hash import abi_hash  # noqa: E402
 from kda_aot.intake.validation import ALIGNMENT  # noqa: E402
 REVISION = "0123456789ab"
@@ -94,30 +94,30 @@ def test_identity_fields(changes, match):
 
 
 # --------------------------------------------------------------------------------------------
-# Constants: declared by the build (build_kernels/abi_constants.py), generated into kda_aot/library/_abi.py,
+# Constants: declared by the build (build_kernels/shared_constants.py), generated into kda_aot/library/_abi.py,
 # recorded in the manifest and checked
 
 def test_the_runtime_reads_the_constants_the_build_declares():
     """The generated copy holds the build's values (and _abi.py is fresh: test_abi_module_is_generated_from_the_registry),
-    and the runtime modules read them from kda_aot.library.abi_constants instead of keeping their own."""
+    and the runtime modules read them from kda_aot.library.constants instead of keeping their own."""
     from kda_aot.library import _abi
     from kda_aot.plan import cp_plan, planner, workspace
     from kda_aot.intake import validation
 
     for name in build_constants.RUNTIME_NAMES:
         assert getattr(_abi, name) == getattr(build_constants, name), name
-        assert getattr(abi_constants, name) is getattr(_abi, name), name
-    assert abi_constants.manifest_constants() == build_constants.manifest_constants()
-    assert abi_constants.regstate_name("k2_inout_f32_vb64") == build_constants.regstate_name("k2_inout_f32_vb64")
-    assert planner.D is validation.D is abi_constants.D and planner.CHUNK is cp_plan.CHUNK is abi_constants.CHUNK
-    assert planner.VALUE_BLOCKS is abi_constants.VALUE_BLOCKS
-    assert workspace.SLOT_BYTES is abi_constants.SLOT_BYTES and workspace.ALIGN is abi_constants.WORKSPACE_ALIGN
+        assert getattr(constants, name) is getattr(_abi, name), name
+    assert constants.manifest_constants() == build_constants.manifest_constants()
+    assert constants.regstate_name("k2_inout_f32_vb64") == build_constants.regstate_name("k2_inout_f32_vb64")
+    assert planner.D is validation.D is constants.D and planner.CHUNK is cp_plan.CHUNK is constants.CHUNK
+    assert planner.VALUE_BLOCKS is constants.VALUE_BLOCKS
+    assert workspace.SLOT_BYTES is constants.SLOT_BYTES and workspace.ALIGN is constants.WORKSPACE_ALIGN
 
 
 def test_manifest_constants_survive_json():
     """The manifest is JSON: what the build writes must compare equal once read back."""
-    constants = abi_constants.manifest_constants()
-    assert json.loads(json.dumps(constants)) == constants
+    written = constants.manifest_constants()
+    assert json.loads(json.dumps(written)) == written
 
 
 @pytest.mark.parametrize("name,value", [("CHUNK", 32), ("D", 64), ("VALUE_BLOCKS", [128, 64]),

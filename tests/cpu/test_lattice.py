@@ -11,9 +11,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.append(str(ROOT))  # build_kernels lives only in the source tree (appended: kda_aot stays the installed one)
-from build_kernels import abi_constants as build_constants  # noqa: E402
+from build_kernels import shared_constants as build_constants  # noqa: E402
 from build_kernels import registry  # noqa: E402
-from kda_aot.library import abi_constants  # noqa: E402
+from kda_aot.library import constants  # noqa: E402
 from kda_aot.plan import launcher, planner  # noqa: E402
 
 SHIPPED = {v.name: v for v in registry.shipped_variants()}
@@ -75,7 +75,7 @@ def test_the_planner_names_every_k2_from_the_package_not_the_library():
     for v in ALL.values():
         if v.entry == "k2_recurrence":
             assert planner.k2_variant(dict(v.constants)) == v.name
-    assert abi_constants.variant_constants() == {v.name: dict(v.constants) for v in ALL.values()}
+    assert constants.variant_constants() == {v.name: dict(v.constants) for v in ALL.values()}
 
 
 def test_every_k2_the_launcher_can_ask_for_is_shipped(monkeypatch):
@@ -84,7 +84,7 @@ def test_every_k2_the_launcher_can_ask_for_is_shipped(monkeypatch):
     monkeypatch.delenv("KDA_K2_KERNEL", raising=False)
     lib = SimpleNamespace(kernels=dict.fromkeys(SHIPPED))
     asked = []
-    for vb in abi_constants.VALUE_BLOCKS:
+    for vb in constants.VALUE_BLOCKS:
         for accurate, (has_initial, has_final), fp32 in itertools.product((False, True), registry.STATE_IO,
                                                                          (False, True)):
             asked.append(planner.k2_variant({"has_initial": has_initial, "has_final": has_final,
@@ -102,7 +102,7 @@ def test_every_k2_the_launcher_can_ask_for_is_shipped(monkeypatch):
 def test_the_runtime_knows_what_ships():
     from kda_aot.library import _abi
 
-    assert _abi.SHIPPED == set(SHIPPED) and abi_constants.SHIPPED is _abi.SHIPPED
+    assert _abi.SHIPPED == set(SHIPPED) and constants.SHIPPED is _abi.SHIPPED
     # the renamed twin of an ablation is no variant: the ablations have no twin
     assert not any(build_constants.regstate_name(v.name) in ALL for v in LEFT_OUT
                    if dict(v.constants).get("ablation"))

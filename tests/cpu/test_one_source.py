@@ -22,17 +22,17 @@ def test_log2e_is_written_once():
     hits = [p.relative_to(ROOT).as_posix() for p in _tracked((".py", ".c", ".h", ".cu"))
             if "1.4426950408889634" in p.read_text(errors="replace") and not p.name.startswith("test_")]
     # declared by the build, rendered into the runtime's generated _abi.py (abi --check keeps it fresh)
-    assert sorted(hits) == ["build_kernels/abi_constants.py", "kda_aot/library/_abi.py"], hits
+    assert sorted(hits) == ["build_kernels/shared_constants.py", "kda_aot/library/_abi.py"], hits
 
 
 def test_restated_constants_are_the_abi_constants():
-    from kda_aot.library import abi_constants
+    from kda_aot.library import constants
     from kda_aot.intake import arguments
     from kda_aot.plan import dist_plan, launcher, program
     from kda_aot.references import reference_np
 
-    assert dist_plan.CHUNK is abi_constants.CHUNK and program.MAX_SLOTS is abi_constants.MAX_SLOTS
-    assert launcher.LOG2E is abi_constants.LOG2E and reference_np.LOG2E is abi_constants.LOG2E
+    assert dist_plan.CHUNK is constants.CHUNK and program.MAX_SLOTS is constants.MAX_SLOTS
+    assert launcher.LOG2E is constants.LOG2E and reference_np.LOG2E is constants.LOG2E
     # the per-call pointer vector is prefill's tensor arguments, then the stream
     assert program.INPUTS == arguments.TENSOR_ARGS + ("stream",)
 
@@ -40,23 +40,23 @@ def test_restated_constants_are_the_abi_constants():
 def test_where_the_register_state_k2_runs_is_the_builds_statement():
     """REGSTATE_VALUE_BLOCKS is declared by the build (the value blocks the twin is compiled at) and
     the planner picks the twin at exactly those: no module of the runtime restates the tuple."""
-    from kda_aot.library import abi_constants
+    from kda_aot.library import constants
     from kda_aot.plan import planner
 
-    assert planner.REGSTATE_VALUE_BLOCKS is abi_constants.REGSTATE_VALUE_BLOCKS
-    assert sorted(vb for vb in abi_constants.VALUE_BLOCKS if planner.k2_kernel(vb) == "regstate") == \
-        sorted(abi_constants.REGSTATE_VALUE_BLOCKS)
+    assert planner.REGSTATE_VALUE_BLOCKS is constants.REGSTATE_VALUE_BLOCKS
+    assert sorted(vb for vb in constants.VALUE_BLOCKS if planner.k2_kernel(vb) == "regstate") == \
+        sorted(constants.REGSTATE_VALUE_BLOCKS)
     hits = [p.relative_to(ROOT).as_posix() for p in _tracked((".py",))
             if "REGSTATE_VALUE_BLOCKS = " in p.read_text(errors="replace") and not p.name.startswith("test_")]
-    assert sorted(hits) == ["build_kernels/abi_constants.py", "kda_aot/library/_abi.py"], hits
+    assert sorted(hits) == ["build_kernels/shared_constants.py", "kda_aot/library/_abi.py"], hits
 
 
 def test_the_torch_reference_reads_the_same_log2e():
     pytest.importorskip("torch")
-    from kda_aot.library import abi_constants
+    from kda_aot.library import constants
     from kda_aot import reference
 
-    assert reference.LOG2E is abi_constants.LOG2E
+    assert reference.LOG2E is constants.LOG2E
 
 
 def test_the_shims_slot_limit_comes_from_the_abi_constants():

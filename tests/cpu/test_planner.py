@@ -62,11 +62,11 @@ def test_k2_kernel_name_takes_a_twin_only_where_it_exists(monkeypatch):
     from types import SimpleNamespace
 
     from kda_aot.errors import KernelNotBuiltError
-    from kda_aot.library import abi_constants
+    from kda_aot.library import constants
     from kda_aot.plan import launcher
 
-    shipped = SimpleNamespace(kernels=dict.fromkeys(abi_constants.SHIPPED), path="/lib/libkda_kernels.so")
-    every = SimpleNamespace(kernels=dict.fromkeys(abi_constants.variant_constants()))
+    shipped = SimpleNamespace(kernels=dict.fromkeys(constants.SHIPPED), path="/lib/libkda_kernels.so")
+    every = SimpleNamespace(kernels=dict.fromkeys(constants.variant_constants()))
 
     def pick(flag, name, vb, lib=shipped):
         if flag is None:

@@ -624,7 +624,7 @@ def test_cu_values_numpy():
 # The module stays framework-free
 
 def test_validation_module_imports_no_framework():
-    """intake/validation.py with what it imports of the package (library/abi_constants.py, spec/),
+    """intake/validation.py with what it imports of the package (library/constants.py, spec/),
     but without the package's __init__ (whose other modules need cuda.core), imports no framework,
     so the wall can run and be tested anywhere. The package is stood in for by an empty module with
     the package's path, so validation's relative imports resolve to the real files. Only what the import

@@ -10,7 +10,7 @@ import pytest
 
 import xla_ffi as ffi
 
-from kda_aot.library.abi_constants import WORKSPACE_ALIGN
+from kda_aot.library.constants import WORKSPACE_ALIGN
 from kda_aot.plan.program import N_INPUTS, SLOT
 
 

@@ -15,7 +15,7 @@ from cutlass import Int32, Int64
 
 from .ptx_ops import (add_rn, bulk_g2s, fma_rn, lds_bf16_f32, ldg_b32, mma_bf16_16816, movmatrix_t, mul_rn, pack_bf16x2,
                       round_bf16x2, sub_rn, unpack_bf16x2)
-from ... import abi_constants as ABI_CONSTANTS
+from ... import shared_constants as ABI_CONSTANTS
 from .tile_ops import CHUNK, D, await_previous_grid, bsig_residue_slot0
 
 STAGES = 3

@@ -7,10 +7,10 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 from cutlass.cute.nvgpu import cpasync
 
-from ... import abi_constants as ABI_CONSTANTS
+from ... import shared_constants as ABI_CONSTANTS
 from .ptx_ops import f32x2_to_bf16x2, fma_rn_ftz, mul_rn_ftz, tanh_approx, u32_as_f32
 
-# From build_kernels/abi_constants.py, the one place they are declared (the manifest records them).
+# From build_kernels/shared_constants.py, the one place they are declared (the manifest records them).
 CHUNK = ABI_CONSTANTS.CHUNK  # tokens per tile (docs/algorithm.md §2.3); the 16x16 inverse and the gate range argument rely on it
 D = ABI_CONSTANTS.D  # head dimension, K = V = 128
 

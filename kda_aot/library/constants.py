@@ -1,5 +1,5 @@
 """The numbers both wings agree on (head dimension, tile size, K2 value blocks, workspace slots),
-as the build declares them (build_kernels/abi_constants.py) and generates them into _abi.py.
+as the build declares them (build_kernels/shared_constants.py) and generates them into _abi.py.
 
 The runtime reads them from here (validation, planner, workspace, cp_plan, the references), and
 identity.py compares manifest_constants() with a library's manifest. Stdlib only, free of package

@@ -1,7 +1,7 @@
 """The numbers both wings must agree on: head dimension, tile size, K2 value blocks, workspace slots.
 
 Defined here, on the build side, and carried to the runtime one way: `python -m build_kernels.abi
---write` renders them into kda_aot/library/_abi.py beside the kernel signatures, and kda_aot/library/abi_constants.py
+--write` renders them into kda_aot/library/_abi.py beside the kernel signatures, and kda_aot/library/constants.py
 reads them from there (a CPU test and `--check` keep the generated file fresh). The build writes
 manifest_constants() into the manifest, and kda_aot.library.identity refuses a library whose manifest says
 otherwise: a library compiled with another tile or slot size would read the workspace wrongly.
