@@ -4,8 +4,9 @@ kda_aot, kernels mode and graph replay (ms, median of CUDA events), each kernel'
 
     python3 ci/ab_rows.py OUT.json [--classes model random] [--iters 200] [--numerics accurate]
 
-Uses only what every build since the benchmark's input classes has (kda_aot.bench's class_cases,
-time_ms, graph_runner), so an older wheel runs it too. Kernel names are the build's own entry
+Uses only what every build since the benchmark's input classes has (the benchmark's class_cases,
+time_ms, graph_runner: kda_aot.tools.bench, or kda_aot.bench in builds before the tools moved), so
+an older wheel runs it too. Kernel names are the build's own entry
 symbols, which differ between builds whose kernels moved into classes; their order of launch does not.
 """
 
@@ -27,7 +28,10 @@ def main(argv=None) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     import kda_aot
-    from kda_aot import bench
+    try:
+        from kda_aot.tools import bench
+    except ImportError:  # a build before the measurement tools moved into kda_aot/tools/
+        from kda_aot import bench
 
     res = {"kda_aot": kda_aot.__file__, "rows": {}}
     for H, lens in bench.PEERS_SUITE:

@@ -23,7 +23,8 @@ import itertools
 import torch
 
 import kda_aot
-from kda_aot import api, bench
+from kda_aot import api
+from kda_aot.tools import bench
 from kda_aot.intake import arguments
 from kda_aot.plan.program import pack_inputs
 

@@ -11,7 +11,7 @@ H=${1:-8}; shift || true
 LENS=${*:-8192}
 cat > "$SITE/_ncu_driver.py" <<PY
 import torch, kda_aot
-from kda_aot import bench
+from kda_aot.tools import bench
 lens = [int(x) for x in "$LENS".split()]
 x, cu, out, final = bench.make_case($H, lens)
 for _ in range(3):

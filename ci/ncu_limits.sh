@@ -13,7 +13,7 @@ SHAPES=("64 8192" "64 1300 547 2048 963 271 3063" "64 1024 1024 1024 1024 1024 1
 [[ ${1:-} == --quick ]] && SHAPES=("${SHAPES[@]:0:3}")
 cat > "$SITE/_limits_driver.py" <<'PY'
 import sys, torch, kda_aot
-from kda_aot import bench
+from kda_aot.tools import bench
 H, lens = int(sys.argv[1]), [int(x) for x in sys.argv[2:]]
 x, cu, out, final = bench.make_case(H, lens)
 for i in range(3):

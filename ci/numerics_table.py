@@ -129,7 +129,7 @@ def timing(report: Report, iters: int, warmup: int) -> None:
     import torch
 
     import kda_aot
-    from kda_aot import bench
+    from kda_aot.tools import bench
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for H, lens in TIMING:
@@ -189,7 +189,7 @@ def fla_errors(x, gold):
 
 def ablation(report: Report, iters: int, warmup: int, lengths=(8192,), fla: bool = False) -> None:
     import kda_aot
-    from kda_aot import bench
+    from kda_aot.tools import bench
     from kda_aot.library.loader import MEASUREMENT_BUILD, get_library
     from kda_aot.plan import planner
     from kda_aot import reference
@@ -290,7 +290,7 @@ def class_accuracy(report: Report, lengths, fla: bool, cudnn: bool = True) -> No
     import torch
 
     import kda_aot
-    from kda_aot import bench
+    from kda_aot.tools import bench
     from kda_aot.references import input_classes
 
     cases = []
@@ -322,7 +322,7 @@ def correlated_accuracy(report: Report, T: int, fla: bool, cudnn: bool = True, r
     import torch
 
     import kda_aot
-    from kda_aot import bench
+    from kda_aot.tools import bench
     from kda_aot.references import input_classes
 
     cases = []
@@ -356,7 +356,7 @@ def peer_errors(report: Report, cases, fla: bool, cudnn: bool) -> None:
     """cuDNN's Hopper engine (where its in-kernel gate is the case's form and flashinfer is
     importable), then FLA (last: Triton autotunes on its first call), on each case's inputs:
     cases are (row, x, cu, gold); the errors go into the rows."""
-    from kda_aot import bench
+    from kda_aot.tools import bench
 
     for peer, wanted in (("cudnn", cudnn), ("fla", fla)):
         for row, x, cu, gold in cases if wanted else ():

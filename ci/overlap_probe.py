@@ -28,7 +28,8 @@ import statistics
 import torch
 
 import kda_aot
-from kda_aot import api, bench
+from kda_aot import api
+from kda_aot.tools import bench
 from kda_aot.intake import arguments
 from kda_aot.plan.program import N_INPUTS, SLOT, STEP_DTYPE, pack_inputs
 

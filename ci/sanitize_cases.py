@@ -16,7 +16,7 @@ import torch
 import kda_aot
 from kda_aot import reference
 from kda_aot.errors import KernelNotBuiltError
-from kda_aot.bench import forced_k2_kernel
+from kda_aot.tools.bench import forced_k2_kernel
 
 
 def run(lens, H, state, cp="off", dense=None, **kw):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 # The package's command-line tools, each with what it needs. Where one cannot run it says why in one
-# line and exits with status 2 (kda_aot/cli_checks.py), except the demo without a GPU, which runs
+# line and exits with status 2 (kda_aot/tools/cli_checks.py), except the demo without a GPU, which runs
 # its CPU reference instead.
 COMMANDS = (
     ("python -m kda_aot.demo", "prefill on a default problem, checked against the references "

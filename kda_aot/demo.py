@@ -26,7 +26,7 @@ import argparse
 import sys
 import time
 
-from .cli_checks import cannot_run, gpu_problem, library_problem, torch_problem
+from .tools.cli_checks import cannot_run, gpu_problem, library_problem, torch_problem
 
 PROG = "python -m kda_aot.demo"
 # Check 2: what CP may differ from serial, the bound of tests/gpu/test_cp.py (CP carries the state

@@ -3,7 +3,7 @@ table (CPU only)."""
 
 import json
 
-from kda_aot import bench
+from kda_aot.tools import bench
 
 HEADER = ["H", "sequences", "gates", "gate", "floor ms", "kernels ms", "eager ms", "graph ms", "plan", "FLA ms",
           "FlashKDA ms (published, same H200 kind)", "cuDNN graph ms", "error kda-aot",
@@ -57,7 +57,7 @@ def test_the_gate_arguments_of_a_case():
 def test_without_a_gpu_it_says_so_in_one_line(capsys):
     import pytest
 
-    from kda_aot.cli_checks import gpu_problem, torch_problem
+    from kda_aot.tools.cli_checks import gpu_problem, torch_problem
     if not (torch_problem() or gpu_problem()):
         pytest.skip("a GPU is present: the benchmark runs")
     assert bench.main(["--gates", "model", "--gate-forms", "log_decay"]) == 2

@@ -21,7 +21,7 @@ SCANNER_TESTS = {"test_doc_links.py", "test_docs.py"}
 # A path-like token ending in .md; URLs are the web's business, not the repository's.
 MD_REF = re.compile(r"(?<![\w/.:-])((?:[\w.-]+/)*[\w.-]+\.md)\b")
 # Tokens that end in .md without citing a document: files the tools write into $OUT
-# (ci/gpu_bench.sh, tests/gpu/test_torch_op.py, ci/numerics_table.py) and bench.py's --md option (args.md).
+# (ci/gpu_bench.sh, tests/gpu/test_torch_op.py, ci/numerics_table.py) and the benchmark's --md option (args.md).
 NOT_DOCUMENTS = {"bench.md", "op_dispatch.md", "args.md", "numerics_table.md"}
 SECTION_REF = re.compile(r"(docs/(?:algorithm|build)\.md) ((?:§\d+(?:\.\d+)?(?:, (?:§)?\d+(?:\.\d+)?)*))")
 

@@ -5,7 +5,7 @@ import sys
 import time
 import types
 
-from kda_aot import bench
+from kda_aot.tools import bench
 
 
 def fake_torch(events):

@@ -5,6 +5,7 @@ from the source with ast.
 Modules are named by their dotted path below kda_aot ("api", "plan.launcher"); a sub-package's
 __init__ is its package name ("plan"). Roles (CONTRIBUTING.md, "Layout"):
   front ends and commands   the other top-level modules (what is imported or run by name)
+  tools                     kda_aot/tools/ (the measurement tools behind the commands)
   intake, plan              kda_aot/intake/, kda_aot/plan/
   references                kda_aot/references/ and kda_aot/reference.py (public: docs/api.md)
   spec                      kda_aot/spec/ (prefill's arguments, the gate forms, the Problem)
@@ -22,8 +23,9 @@ import pytest
 PKG = Path(__file__).resolve().parents[2] / "kda_aot"
 BUILD = Path(__file__).resolve().parents[2] / "build_kernels"
 
-# The commands: they may import anything, and nothing but another command imports them.
-TOOLS = {"__main__", "bench", "bench_op", "profile", "demo", "cli_checks"}
+# The commands and the tools behind them (kda_aot/tools/): they may import anything, and nothing but
+# another command or tool imports them.
+TOOLS = {"__main__", "bench", "bench_op", "profile", "demo", "tools"}
 # Top-level modules of a lower role: the exceptions, and the public torch reference.
 TOP_LEVEL_ROLES = {"errors": "library", "reference": "references"}
 # What each role may import besides itself (front ends: anything but the commands).
@@ -147,6 +149,7 @@ def test_the_graph_reads_every_sub_package():
     assert "errors" in graph["library.loader"]  # `from ..errors import ...`
     assert "plan.call_plan" in graph["api"]  # `from .plan import call_plan`
     assert role("reference") == "references" and role("errors") == "library" and role("bench") == "tools"
+    assert role("tools") == role("tools.bench.cli") == "tools" and "tools.bench.cli" in graph["bench"]
 
 
 def test_the_runtime_imports_in_one_direction():

@@ -302,7 +302,7 @@ def test_readme_example_runs_and_matches_the_direct_call():
 # host cost
 
 def test_dispatch_cost_report(capsys):
-    from kda_aot import bench_op
+    from kda_aot.tools import bench_op
 
     rows = bench_op.measure(calls=100, rounds=3)
     text = bench_op.table(rows)
