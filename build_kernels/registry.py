@@ -117,12 +117,12 @@ def _k1() -> List[Variant]:
                     constants=(("accurate", False), ("gate_form", 0), ("beta_form", 0), ("g_fp32", False)))]
 
 
-# The general K1 (docs/gate_forms.md): every gate and beta form that is not FlashKDA's configuration.
-# Names k1x_<gate>_<beta>[_acc] (kda_aot/spec/gate_forms.k1_kernel spells the same); the codes are
-# build_kernels/kernels/common/tile_prep.py's GATE_* and BETA_*.
-K1X_GATES = {"sigmoid": (1, "bfloat16"), "softplus": (2, "bfloat16"), "logdecay_bf16": (3, "bfloat16"),
-             "logdecay_f32": (3, "float32")}
-K1X_BETAS = {"logits": 0, "logits2": 1, "probs": 2}
+# The general K1 (docs/gate_forms.md): every gate and beta form that is not FlashKDA's configuration,
+# from the one table of forms and codes (shared_constants.GATE_CODES, BETA_CODES, K1X_GATE_TAGS).
+# Names k1x_<gate tag>_<beta>_<beta dtype>[_acc] (kda_aot/spec/gate_forms.k1_kernel spells the same).
+_GATE_CODE = dict(ABI_CONSTANTS.GATE_CODES)
+K1X_GATES = {tag: (_GATE_CODE[gate], g_dtype) for tag, gate, g_dtype in ABI_CONSTANTS.K1X_GATE_TAGS}
+K1X_BETAS = dict(ABI_CONSTANTS.BETA_CODES)
 
 
 def _k1_general(accurate: bool) -> List[Variant]:

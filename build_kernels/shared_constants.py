@@ -59,9 +59,22 @@ def regstate_name(k2_name: str) -> str:
     return k2_name.replace(*REGSTATE_RENAME, 1)
 
 
+# The gate and beta forms K1 compiles (docs/gate_forms.md), each with its code: the compile-time
+# constant K1 branches on (gate_form, beta_form; tile_prep.py), the variants' names
+# (build_kernels/registry.py, k1x_<gate tag>_<beta>_<beta dtype>) and the runtime's choice of K1
+# (kda_aot/spec/gate_forms.py) all read this one table. Gate 0 is FlashKDA's configuration, which
+# the general K1 computes as "sigmoid" (the same formula). A gate tag names a general K1's gate and
+# its g dtype (log_decay takes g in bf16 or fp32; the other gates read a bf16 g).
+GATE_CODES = (("safe", 0), ("sigmoid", 1), ("softplus", 2), ("log_decay", 3))
+BETA_CODES = (("logits", 0), ("logits2", 1), ("probs", 2))  # logits2: 2 sigmoid(beta) (allow_neg_eigval)
+K1X_GATE_TAGS = (("sigmoid", "sigmoid", "bfloat16"), ("softplus", "softplus", "bfloat16"),
+                 ("logdecay_bf16", "log_decay", "bfloat16"), ("logdecay_f32", "log_decay", "float32"))
+
+
 # What kda_aot/library/_abi.py carries to the runtime (build_kernels/abi.py renders them), in this order.
 RUNTIME_NAMES = ("MANIFEST_FORMAT", "D", "CHUNK", "LOG2E", "VALUE_BLOCKS", "WORKSPACE_ALIGN", "TILE_IMAGE_BYTES",
-                 "SLOT_BYTES", "STATE_BYTES", "MAX_SLOTS", "REGSTATE_RENAME", "REGSTATE_VALUE_BLOCKS")
+                 "SLOT_BYTES", "STATE_BYTES", "MAX_SLOTS", "REGSTATE_RENAME", "REGSTATE_VALUE_BLOCKS", "GATE_CODES",
+                 "BETA_CODES", "K1X_GATE_TAGS")
 
 
 def manifest_constants() -> Dict[str, Any]:

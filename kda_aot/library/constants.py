@@ -1,4 +1,5 @@
-"""The numbers both wings agree on (head dimension, tile size, K2 value blocks, workspace slots),
+"""The numbers both wings agree on (head dimension, tile size, K2 value blocks, workspace slots, the
+gate and beta forms' codes),
 as the build declares them (build_kernels/shared_constants.py) and generates them into _abi.py.
 
 The runtime reads them from here (validation, planner, workspace, cp_plan, the references), and
@@ -13,9 +14,9 @@ from typing import Any, Dict
 
 import functools
 
-from ._abi import (CHUNK, LOG2E, MANIFEST_CONSTANTS, MANIFEST_FORMAT, MAX_SLOTS, REGSTATE_RENAME,  # noqa: F401
-                   REGSTATE_VALUE_BLOCKS, SHIPPED, SIGNATURES, SLOT_BYTES, STATE_BYTES, TILE_IMAGE_BYTES,
-                   VALUE_BLOCKS, WORKSPACE_ALIGN, D)
+from ._abi import (BETA_CODES, CHUNK, GATE_CODES, K1X_GATE_TAGS, LOG2E, MANIFEST_CONSTANTS,  # noqa: F401
+                   MANIFEST_FORMAT, MAX_SLOTS, REGSTATE_RENAME, REGSTATE_VALUE_BLOCKS, SHIPPED, SIGNATURES,
+                   SLOT_BYTES, STATE_BYTES, TILE_IMAGE_BYTES, VALUE_BLOCKS, WORKSPACE_ALIGN, D)
 
 SLOT = dict(SLOT_BYTES)
 

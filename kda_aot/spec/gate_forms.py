@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
-GATES = ("safe", "sigmoid", "softplus", "log_decay")
+from ..library.constants import BETA_CODES, GATE_CODES, K1X_GATE_TAGS
+
+GATES = tuple(gate for gate, _ in GATE_CODES)  # the build's table of forms (shared_constants.GATE_CODES)
 BETA_FORMS = ("logits", "probs")
 DEFAULT_LOWER_BOUND = -5.0  # FlashKDA's and FLA's recommended bound, used when lower_bound is None
 
@@ -55,15 +57,20 @@ class Form(NamedTuple):
 FLASHKDA = Form()
 
 def k1_gate_tag(form: Form) -> str:
-    """The gate part of a general K1's name: "safe" runs as "sigmoid" (the same formula)."""
+    """The gate part of a general K1's name (the build's table of gate tags, K1X_GATE_TAGS): "safe"
+    runs as "sigmoid" (the same formula), log_decay by its g dtype."""
     gate = "sigmoid" if form.gate == "safe" else form.gate
-    if gate == "log_decay":
-        return "logdecay_f32" if form.g_fp32 else "logdecay_bf16"
-    return gate
+    g_dtype = "float32" if form.g_fp32 else "bfloat16"
+    for tag, tag_gate, tag_dtype in K1X_GATE_TAGS:
+        if tag_gate == gate and (tag_dtype == g_dtype or gate != "log_decay"):
+            return tag
+    raise ValueError(f"no general K1 for gate {form.gate!r}")
 
 
 def k1_beta_tag(form: Form) -> str:
+    """The beta part of a general K1's name: the beta code's name (BETA_CODES) and its dtype."""
     kind = "probs" if form.beta_form == "probs" else ("logits2" if form.neg_eigval else "logits")
+    assert kind in dict(BETA_CODES), kind
     return f"{kind}_{'f32' if form.beta_fp32 else 'bf16'}"
 
 

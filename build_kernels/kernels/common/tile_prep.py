@@ -12,6 +12,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Uint32
 
+from ... import shared_constants as ABI_CONSTANTS
 from .ptx_ops import (add_bf16x2, add_rn, add_rn_ftz, ex2_approx_ftz, f32x2_to_bf16x2, fma_rn_ftz, ld_shared_v4,
                       ldmatrix_x4, lds_b32, lds_f32, lg2_approx_ftz, mma_m16n8k16_bf16_f32, movmatrix_trans,
                       mul_rn_ftz, rsqrt_approx_ftz, st_shared_v4, sub_rn, u32_as_f32)
@@ -24,10 +25,12 @@ KSTEP_BYTES = 512  # one 16-column k-step of a raw image: core matrices (0,2kk),
 # apart, so a quarter warp touches 16 of the 32 banks (2-way conflicts); at 528 B they start 4 apart.
 F32_FACTOR_ROW = D + 4
 
-# The general K1's forms (docs/gate_forms.md; build_kernels/registry.py names the variants). Gate 0 is
-# FlashKDA's K1 itself, whose code paths below are those of the default arguments.
-GATE_SAFE, GATE_SIGMOID, GATE_SOFTPLUS, GATE_LOGDECAY = 0, 1, 2, 3
-BETA_LOGITS, BETA_LOGITS2, BETA_PROBS = 0, 1, 2
+# The general K1's forms by their codes (build_kernels/shared_constants.py GATE_CODES, BETA_CODES, the
+# one table of them). Gate 0 is FlashKDA's K1 itself, whose code paths below are those of the
+# default arguments.
+_GATE, _BETA = dict(ABI_CONSTANTS.GATE_CODES), dict(ABI_CONSTANTS.BETA_CODES)
+GATE_SAFE, GATE_SIGMOID, GATE_SOFTPLUS, GATE_LOGDECAY = (_GATE[g] for g in ("safe", "sigmoid", "softplus", "log_decay"))
+BETA_LOGITS, BETA_LOGITS2, BETA_PROBS = (_BETA[b] for b in ("logits", "logits2", "probs"))
 # A tile whose cumulative log2-decay stays within +-FAST_RANGE on every channel keeps FlashKDA's
 # factorization (2^G, 2^-G): both factors are normal numbers and every product of them, the masked
 # upper triangle of Kd Ki^T included, stays below 2^(FAST_RANGE + 7), inside fp32's 2^128. Other tiles
