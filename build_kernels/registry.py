@@ -114,7 +114,8 @@ def _k1() -> List[Variant]:
             ptr("a_log", "float32", 4), ptr("dt_bias", "float32", 16)) + SEQ_ARGS + WORKSPACE_ARGS + SIZE_ARGS + (
             K1_STRIDES + (scalar("scale", "f32"), scalar("gate_c", "f32"), STREAM))
     return [Variant("k1_prepare", "k1_prepare", "k1_prepare", args,
-                    constants=(("accurate", False), ("gate_form", 0), ("beta_form", 0), ("g_fp32", False)))]
+                    constants=(("accurate", False), ("gate_form", 0), ("beta_form", 0), ("g_fp32", False),
+                               ("strided", False)))]
 
 
 # The general K1 (docs/gate_forms.md): every gate and beta form that is not FlashKDA's configuration,
@@ -137,7 +138,7 @@ def _k1_general(accurate: bool) -> List[Variant]:
                 variants.append(dataclasses.replace(
                     base, name=f"k1x_{gate}_{beta}_{tag}{_acc(accurate)}", args=args,
                     constants=(("accurate", accurate), ("gate_form", gate_code), ("beta_form", beta_code),
-                               ("g_fp32", g_dtype == "float32"))))
+                               ("g_fp32", g_dtype == "float32"), ("strided", False))))
     return variants
 
 
@@ -153,7 +154,8 @@ def _k1_strided() -> List[Variant]:
     arguments. The K1s above read contiguous inputs at one row offset (token * H + head) and leave
     the strides unread: the per-tensor stride products cost the contiguous path 0.9-2.6 % of K1
     (docs/api.md, "Strided inputs"). The launcher picks the twin when any of the four is a strided view."""
-    return [dataclasses.replace(v, name=f"{v.name}_strided", constants=v.constants + (("strided", True),))
+    return [dataclasses.replace(v, name=f"{v.name}_strided",
+                                constants=tuple((k, True if k == "strided" else c) for k, c in v.constants))
             for v in _k1() + _k1_accurate() + _k1_general(False) + _k1_general(True)]
 
 

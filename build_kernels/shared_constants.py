@@ -50,7 +50,7 @@ MAX_SLOTS = 256  # argument slots of one native call (program.py builds them, th
 REGSTATE_VALUE_BLOCKS = (64, 128)
 
 # The register-state twin of a K2 variant (same arguments, same bits) is named k2_X -> k2_regstate_X:
-# the registry names the twins with it, the launcher looks them up with it.
+# the registry names the twins with it (the runtime looks kernels up by entry and constants).
 REGSTATE_RENAME = ("k2_", "k2_regstate_")
 
 
@@ -73,8 +73,8 @@ K1X_GATE_TAGS = (("sigmoid", "sigmoid", "bfloat16"), ("softplus", "softplus", "b
 
 # What kda_aot/library/_abi.py carries to the runtime (build_kernels/abi.py renders them), in this order.
 RUNTIME_NAMES = ("MANIFEST_FORMAT", "D", "CHUNK", "LOG2E", "VALUE_BLOCKS", "WORKSPACE_ALIGN", "TILE_IMAGE_BYTES",
-                 "SLOT_BYTES", "STATE_BYTES", "MAX_SLOTS", "REGSTATE_RENAME", "REGSTATE_VALUE_BLOCKS", "GATE_CODES",
-                 "BETA_CODES", "K1X_GATE_TAGS")
+                 "SLOT_BYTES", "STATE_BYTES", "MAX_SLOTS", "REGSTATE_VALUE_BLOCKS", "GATE_CODES", "BETA_CODES",
+                 "K1X_GATE_TAGS")
 
 
 def manifest_constants() -> Dict[str, Any]:

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import planner
 from ..errors import KernelNotBuiltError
-from ..library.constants import LOG2E, regstate_name
+from ..library.constants import LOG2E, kernel
 from ..spec.gate_forms import k1_kernel
 from ..library.loader import MEASUREMENT_BUILD, KernelLibrary
 from .program import NULL, STREAM, Program, Ref, ws
@@ -100,17 +100,17 @@ def _sequence_tables(prog: Program, problem: Problem, off, n_seq: int, order: bo
     listed flags and K2's state slots (seq_tables.SeqTablesListed; the order dense too)."""
     tables = dict(seq_start=ws(off["seq_start"]), tile_prefix=ws(off["tile_prefix"]), n_seq=n_seq, stream=STREAM)
     if listed:
-        prog.add(f"seq_tables_listed_{problem.cu_dtype if problem.varlen else 'dense'}", dict(
+        prog.add(kernel("seq_tables_listed", _cu_dtypes(problem), dense=not problem.varlen), dict(
             tables, cu_seqlens=Ref("cu_seqlens") if problem.varlen else NULL, segment_ids=Ref("segment_ids"),
             state_indices=Ref("state_indices") if problem.pooled else NULL, listed=ws(off["listed"]),
             listed_slot=ws(off["listed_slot"]), seq_order=ws(off["seq_order"]) if order else NULL,
             n_listed=problem.n_listed, t_total=problem.B * problem.T if problem.varlen else problem.T))
     elif problem.varlen:
-        prog.add(f"seq_tables_{problem.cu_dtype}", dict(tables, cu_seqlens=Ref("cu_seqlens"),
+        prog.add(kernel("seq_tables_varlen", _cu_dtypes(problem)), dict(tables, cu_seqlens=Ref("cu_seqlens"),
                                                         seq_order=ws(off["seq_order"]) if order else NULL,
                                                         t_total=problem.B * problem.T))
     else:
-        prog.add("seq_tables_dense", dict(tables, seq_len=problem.T))
+        prog.add(kernel("seq_tables_dense"), dict(tables, seq_len=problem.T))
 
 
 def _k1(prog: Program, problem: Problem, off, n_seq: int, cap: int) -> None:
@@ -196,7 +196,7 @@ def _checkpoint_index(prog: Program, problem: Problem, seq_start: Ref, off) -> N
     (clamped) sequence tables: every entry on every call."""
     if problem.checkpoint_k and problem.N:
         pool = problem.checkpoint_into == "pool"
-        prog.add(f"checkpoint_table_{problem.checkpoint_offsets_dtype}", dict(
+        prog.add(kernel("checkpoint_table", {"checkpoint_offsets": problem.checkpoint_offsets_dtype}), dict(
             checkpoint_offsets=Ref("checkpoint_offsets"), checkpoint_slots=Ref("checkpoint_slots") if pool else NULL,
             seq_start=seq_start, checkpoint_table=ws(off["checkpoint_table"]), n_seq=problem.N,
             checkpoint_k=problem.checkpoint_k, n_dest=problem.n_pool if pool else problem.N * problem.checkpoint_k,
@@ -204,7 +204,7 @@ def _checkpoint_index(prog: Program, problem: Problem, seq_start: Ref, off) -> N
     if problem.n_checkpoints:
         # a listed call: an unlisted sequence's slots are holes (the flags of the call's table kernel)
         listed = dict(listed=ws(off["listed"])) if problem.listed else {}
-        prog.add("checkpoint_index_listed" if problem.listed else "checkpoint_index", dict(
+        prog.add(kernel("checkpoint_index_listed" if problem.listed else "checkpoint_index"), dict(
             seq_start=seq_start, checkpoint_index=Ref("checkpoint_index"), n_seq=problem.N,
             n_slots=problem.n_checkpoints, checkpoint_every=problem.checkpoint_every, stream=STREAM, **listed))
 
@@ -245,19 +245,39 @@ def _ext_dtype(problem: Problem) -> str:
     return "f32" if (problem.state_dtype or "float32") == "float32" else "bf16"
 
 
-def k2_kernel_name(lib: KernelLibrary, k2_name: str, value_block: int) -> str:
-    """The kernel that runs the K2 variant `k2_name` (a mma.sync K2 at `value_block`): its
-    register-state twin (constants.regstate_name: same arguments, same bits) where
-    planner.k2_kernel picks one and the library has it, else k2_name. KDA_K2_KERNEL=k2|regstate
-    forces one, for measurement; it is read when a call is planned. A kernel the library lacks
-    (a measurement-only one: the mma.sync K2 where a twin exists, an ablation) is a
-    KernelNotBuiltError that says how to build a library with it."""
+def _ext_constants(problem: Problem, vb: int, segments: bool) -> dict:
+    """k2_ext's constants (build_kernels/registry.py _k2_ext): the state dtype is the final state's and
+    the checkpoints'; a segmented one reads the fp32 carries."""
+    fp32 = _ext_dtype(problem) == "f32"
+    return dict(segments=segments, state_fp32=fp32 or segments, final_fp32=fp32, value_block=vb)
+
+
+def _cu_dtypes(problem: Problem) -> dict:
+    """The dtype of cu_seqlens, which picks a varlen tables kernel (none for dense input)."""
+    return {"cu_seqlens": problem.cu_dtype} if problem.varlen else {}
+
+
+# Each mma.sync K2 entry's register-state twin (build_kernels/kernels/k2_regstate.py: the same
+# arguments and bits, its constants those of the mma.sync variant without `ablation`).
+REGSTATE_ENTRIES = {"k2_recurrence": "k2_regstate", "k2_segments": "k2_regstate_segments", "k2_ext": "k2_regstate_ext"}
+
+
+def k2_kernel_name(lib: KernelLibrary, entry: str, **constants) -> str:
+    """The kernel that runs the mma.sync K2 of `entry` with `constants` (constants.kernel): its
+    register-state twin where planner.k2_kernel picks one and the library has it, else the mma.sync
+    variant. KDA_K2_KERNEL=k2|regstate forces one, for measurement; it is read when a call is
+    planned. A kernel the library lacks (a measurement-only one: the mma.sync K2 where a twin
+    exists, an ablation) is a KernelNotBuiltError that says how to build a library with it."""
+    k2_name = kernel(entry, **constants)
     forced = os.environ.get("KDA_K2_KERNEL")
     if forced and forced not in planner.K2_KERNELS:
         raise ValueError(f"KDA_K2_KERNEL: expected one of {planner.K2_KERNELS} or unset, got {forced!r}")
-    kind = forced or planner.k2_kernel(value_block)
-    if kind != "k2":
-        twin = regstate_name(k2_name)
+    kind = forced or planner.k2_kernel(constants["value_block"])
+    if kind != "k2" and not constants.get("ablation"):  # an ablation (measurement only) has no twin
+        try:
+            twin = kernel(REGSTATE_ENTRIES[entry], **{c: v for c, v in constants.items() if c != "ablation"})
+        except LookupError:  # no twin at this value block (VB=32)
+            twin = None
         if twin in lib.kernels:
             return twin
     if k2_name not in lib.kernels:
@@ -297,14 +317,14 @@ def serial_launch(lib: KernelLibrary, problem: Problem, sm_count: int, value_spl
     # A serial listed call takes k2_ext too: an unlisted sequence's state slot is -1 and it has no
     # tile, so its CTA exits without touching its states (docs/state_pool.md, "Listed sequences").
     if uses_k2_ext(problem) or problem.listed or _forced_k2_ext(problem):
-        prog.add(k2_kernel_name(lib, f"k2_ext_{_ext_dtype(problem)}_vb{vb}", vb), dict(
+        prog.add(k2_kernel_name(lib, "k2_ext", **_ext_constants(problem, vb, segments=False)), dict(
             v=Ref("v"), out=Ref("out"), **_workspace_args(off), seq_start=ws(off["seq_start"]),
             tile_prefix=ws(off["tile_prefix"]), seq_order=_seq_order(problem, off), final_slot=NULL,
             real_seq_start=ws(off["seq_start"]),
             **_k2_ext_args(problem, None, off, listed_slots=problem.listed), t_total=problem.B * problem.T,
             n_seq=problem.N, n_heads=problem.H, cap=cap, **_v_strides(problem), stream=STREAM))
         return Launch(prog.finish(), layout.nbytes, "serial")
-    prog.add(k2_kernel_name(lib, planner.k2_variant(plan.k2_constants), vb), dict(
+    prog.add(k2_kernel_name(lib, "k2_recurrence", **plan.k2_constants), dict(
         v=Ref("v"), out=Ref("out"), **_workspace_args(off), seq_start=ws(off["seq_start"]),
         tile_prefix=ws(off["tile_prefix"]), seq_order=_seq_order(problem, off),
         initial_state=Ref("initial_state") if problem.has_initial else NULL,
@@ -329,7 +349,6 @@ def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count:
         planner.cp_splits(S, N, H, sm_count, problem.numerics)
     vb = planner.D // split
     accurate = problem.numerics == "accurate"
-    acc = "_acc" if accurate else ""  # numerics="accurate" kernels (build_kernels/registry.py)
     t_total = problem.B * problem.T
     cap = cp_tile_capacity(problem, seg)
     layout = cp_problem_layout(problem, seg)
@@ -340,13 +359,14 @@ def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count:
                   n_seq=N, seg_len=seg.seg_len, max_count=seg.max_count, min_tiles=seg.min_tiles, max_segments=S,
                   stream=STREAM)
     if problem.listed:  # the listed sequences only, cut as without a list (cp_seg_tables.CpSegTablesListed)
-        prog.add(f"cp_seg_tables_listed_{problem.cu_dtype if problem.varlen else 'dense'}", dict(
+        prog.add(kernel("cp_seg_tables_listed", _cu_dtypes(problem), dense=not problem.varlen), dict(
             tables, cu_seqlens=Ref("cu_seqlens") if problem.varlen else NULL, segment_ids=Ref("segment_ids"),
             listed=ws(off["listed"]), n_listed=problem.n_listed, t_total=t_total if problem.varlen else problem.T))
     elif problem.varlen:
-        prog.add(f"cp_seg_tables_{problem.cu_dtype}", dict(tables, cu_seqlens=Ref("cu_seqlens"), t_total=t_total))
+        prog.add(kernel("cp_seg_tables_varlen", _cu_dtypes(problem)), dict(tables, cu_seqlens=Ref("cu_seqlens"),
+                                                                            t_total=t_total))
     else:
-        prog.add("cp_seg_tables_dense", dict(tables, t_total=problem.T))  # dense: tokens per sequence
+        prog.add(kernel("cp_seg_tables_dense"), dict(tables, t_total=problem.T))  # dense: tokens per sequence
     if _checkpoints(problem):
         # the sequences' own tables: the index tables and the segments' checkpoint positions count
         # tokens from where each sequence starts
@@ -357,18 +377,19 @@ def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count:
     seg_tables = dict(seq_start=ws(off["seq_start"]), tile_prefix=ws(off["tile_prefix"]))
     n_scan = S - N  # a bound on the non-last segments; scan_seg marks the unused entries -1
     if n_scan > 0:
-        prog.add(f"cp_pre_scan_vb{planner.D // scan_split}{acc}", dict(
+        prog.add(kernel("cp_pre_scan", value_block=planner.D // scan_split, accurate=accurate), dict(
             v=Ref("v"), ws_kd=ws(off["kd"]), ws_kr=ws(off["kr"]), ws_gt=ws(off["gt"]), ws_inv=ws(off["inv"]),
             ws_bsig=ws(off["bsig"]), **seg_tables, scan_seg=ws(off["scan_seg"]), b_seg=ws(off["b_seg"]),
             m_seg=ws(off["m_seg"]), n_scan=n_scan, n_heads=H, cap=cap, **_v_strides(problem), stream=STREAM))
     if problem.pooled:
-        prog.add(f"cp_merge_pool_{_ext_dtype(problem)}", dict(
+        prog.add(kernel("cp_merge_pool", state_fp32=_ext_dtype(problem) == "f32"), dict(
             m_seg=ws(off["m_seg"]), b_seg=ws(off["b_seg"]), state_pool=Ref("state_pool"), carries=ws(off["carries"]),
             seg_first=ws(off["seg_first"]), seg_count=ws(off["seg_count"]), state_index=Ref("state_indices"),
             slot_stride=problem.slot_stride, n_pool=problem.n_pool, n_seq=N, n_heads=H, stream=STREAM))
     else:
-        merge = "nostate" if not problem.has_initial else ("f32" if problem.state_dtype == "float32" else "bf16")
-        prog.add(f"cp_merge_{merge}", dict(
+        # without an initial state the merge starts from zero (its variant's state pointer is unread)
+        prog.add(kernel("cp_merge", has_initial=problem.has_initial,
+                        state_fp32=not problem.has_initial or problem.state_dtype == "float32"), dict(
             m_seg=ws(off["m_seg"]), b_seg=ws(off["b_seg"]),
             initial_state=Ref("initial_state") if problem.has_initial else NULL, carries=ws(off["carries"]),
             seg_first=ws(off["seg_first"]), seg_count=ws(off["seg_count"]), n_seq=N, n_heads=H, stream=STREAM))
@@ -379,17 +400,16 @@ def cp_launch(lib: KernelLibrary, problem: Problem, seg: Segmentation, sm_count:
     common = dict(v=Ref("v"), out=Ref("out"), **_workspace_args(off), **seg_tables)
     if uses_k2_ext(problem):
         real = off["real_seq_start"] if _checkpoints(problem) else off["seq_start"]
-        prog.add(k2_kernel_name(lib, f"k2_ext_segments_{_ext_dtype(problem)}_vb{vb}", vb), dict(
+        prog.add(k2_kernel_name(lib, "k2_ext", **_ext_constants(problem, vb, segments=True)), dict(
             common, seq_order=NULL, final_slot=ws(off["final_slot"]), real_seq_start=ws(real),
             **_k2_ext_args(problem, ws(off["carries"]), off), **sizes))
     elif not problem.has_final:
-        k2 = planner.k2_variant({"has_initial": True, "has_final": False, "state_fp32": True, "value_block": vb,
-                                 "accurate": accurate, "ablation": 0})
-        prog.add(k2_kernel_name(lib, k2, vb), dict(
+        prog.add(k2_kernel_name(lib, "k2_recurrence", has_initial=True, has_final=False, state_fp32=True,
+                                value_block=vb, accurate=accurate, ablation=0), dict(
             common, seq_order=NULL, initial_state=ws(off["carries"]), final_state=NULL, **sizes))
     else:
-        dtype = "f32" if problem.state_dtype == "float32" else "bf16"
-        prog.add(k2_kernel_name(lib, f"k2_segments_{dtype}_vb{vb}{acc}", vb), dict(
+        prog.add(k2_kernel_name(lib, "k2_segments", final_fp32=problem.state_dtype == "float32", value_block=vb,
+                                accurate=accurate), dict(
             v=Ref("v"), out=Ref("out"), **_workspace_args(off), seg_start=ws(off["seq_start"]),
             seg_prefix=ws(off["tile_prefix"]), carries=ws(off["carries"]), final_state=Ref("final_state"),
             final_slot=ws(off["final_slot"]), t_total=t_total, n_seg=S, n_heads=H, cap=cap, **_v_strides(problem),

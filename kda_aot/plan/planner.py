@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping, Optional, Tuple
 
-from ..library.constants import CHUNK, REGSTATE_VALUE_BLOCKS, D, VALUE_BLOCKS, variant_constants
+from ..library.constants import CHUNK, REGSTATE_VALUE_BLOCKS, D, VALUE_BLOCKS
 
 # K2 value blocks per (sequence, head), one per block size the library ships: 1, 2 or 4 CTAs of
 # 128, 64 or 32 value rows each.
@@ -114,16 +114,3 @@ def plan_serial(*, T: int, N: int, H: int, varlen: bool, has_initial: bool, has_
     }
     return SerialPlan(tile_capacity(T, N, varlen), split, constants,
                       f"{N * H} (sequence, head) pairs x {split} value blocks on {sm_count} SMs")
-
-
-def k2_variant(constants: Mapping[str, object]) -> str:
-    """The name of the mma.sync K2 variant (k2_recurrence) whose constants are exactly `constants`
-    (SerialPlan.k2_constants), from this package's ABI rather than the loaded library: the shipped
-    lattice holds only its register-state twin at VB=64 and 128, which runs in its place
-    (launcher.k2_kernel_name). The twins have no `ablation` constant and every other K2 entry has
-    other constants, so exactly one variant matches."""
-    want = dict(constants)
-    for name, got in variant_constants().items():
-        if got == want:
-            return name
-    raise LookupError(f"no K2 variant with {want} in this package")

@@ -27,11 +27,12 @@ import functools
 from typing import NamedTuple
 
 from . import planner
-from ..library.constants import D
+from ..library.constants import D, kernel
 from .launcher import WS_REGIONS, contiguous_k1_strides, gate_constant
 from ..library.loader import KernelLibrary
 from .program import NULL, STREAM, Program, Ref, ws
 from .workspace import workspace_layout
+from ..spec.gate_forms import FLASHKDA, k1_kernel
 
 STATE_FLOATS = D * D
 
@@ -55,15 +56,15 @@ def transfer_program(lib: KernelLibrary, device_id: int, n_heads: int, t_local: 
     tables = dict(seq_start=ws(off["seq_start"]), tile_prefix=ws(off["tile_prefix"]))
     prog = Program(lib, device_id)
     contiguous = contiguous_k1_strides(H)  # the transferred q, k, g, beta are packed [t_local, H, 128] / [t_local, H]
-    prog.add("seq_tables_int32", dict(tables, cu_seqlens=Ref("cu_seqlens"), seq_order=NULL, n_seq=S, t_total=t_local,
+    prog.add(kernel("seq_tables_varlen", {"cu_seqlens": "int32"}), dict(tables, cu_seqlens=Ref("cu_seqlens"), seq_order=NULL, n_seq=S, t_total=t_local,
                                       stream=STREAM))
-    prog.add("k1_prepare", dict(
+    prog.add(k1_kernel(FLASHKDA, accurate=False), dict(
         q=Ref("q"), k=Ref("k"), g=Ref("g"), beta=Ref("beta"), a_log=Ref("A_log"), dt_bias=Ref("dt_bias"), **tables,
         **{f"ws_{name}": ws(off[name]) for name in WS_REGIONS}, t_total=t_local, n_seq=S, n_heads=H, cap=cap,
         scale=scale, gate_c=gate_constant(lower_bound), **contiguous, stream=STREAM))
     vb = D // planner.value_split(S, H, sm_count)
     per_state = S * H * STATE_FLOATS * 4
-    prog.add(f"cp_pre_scan_vb{vb}", dict(
+    prog.add(kernel("cp_pre_scan", value_block=vb, accurate=False), dict(
         v=Ref("v"), ws_kd=ws(off["kd"]), ws_kr=ws(off["kr"]), ws_gt=ws(off["gt"]), ws_inv=ws(off["inv"]),
         ws_bsig=ws(off["bsig"]), **tables, scan_seg=Ref("cu_seqlens", 4 * (S + 1)), b_seg=Ref("out", 0),
         m_seg=Ref("out", per_state), n_scan=S, n_heads=H, cap=cap, v_stride_t=H * D, v_stride_h=D, stream=STREAM))

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
-from ..library.constants import BETA_CODES, GATE_CODES, K1X_GATE_TAGS
+from ..library.constants import BETA_CODES, GATE_CODES, kernel
 
 GATES = tuple(gate for gate, _ in GATE_CODES)  # the build's table of forms (shared_constants.GATE_CODES)
+_GATE, _BETA = dict(GATE_CODES), dict(BETA_CODES)
 BETA_FORMS = ("logits", "probs")
 DEFAULT_LOWER_BOUND = -5.0  # FlashKDA's and FLA's recommended bound, used when lower_bound is None
 
@@ -56,33 +57,21 @@ class Form(NamedTuple):
 
 FLASHKDA = Form()
 
-def k1_gate_tag(form: Form) -> str:
-    """The gate part of a general K1's name (the build's table of gate tags, K1X_GATE_TAGS): "safe"
-    runs as "sigmoid" (the same formula), log_decay by its g dtype."""
-    gate = "sigmoid" if form.gate == "safe" else form.gate
-    g_dtype = "float32" if form.g_fp32 else "bfloat16"
-    for tag, tag_gate, tag_dtype in K1X_GATE_TAGS:
-        if tag_gate == gate and (tag_dtype == g_dtype or gate != "log_decay"):
-            return tag
-    raise ValueError(f"no general K1 for gate {form.gate!r}")
-
-
-def k1_beta_tag(form: Form) -> str:
-    """The beta part of a general K1's name: the beta code's name (BETA_CODES) and its dtype."""
-    kind = "probs" if form.beta_form == "probs" else ("logits2" if form.neg_eigval else "logits")
-    assert kind in dict(BETA_CODES), kind
-    return f"{kind}_{'f32' if form.beta_fp32 else 'bf16'}"
-
-
 def k1_kernel(form: Form, accurate: bool, strided: bool = False) -> str:
     """The K1 that prepares this form: FlashKDA's K1 for its configuration, else the general K1
     (docs/gate_forms.md), whose tiles take an exact path where the decay factors leave fp32's range;
-    `strided`: its twin that reads q, k, g and beta at their strides (docs/api.md, "Strided inputs")."""
-    acc = "_acc" if accurate else ""
-    suffix = "_strided" if strided else ""
+    `strided`: its twin that reads q, k, g and beta at their strides (docs/api.md, "Strided inputs").
+    Looked up by the form's codes (the build's table, GATE_CODES and BETA_CODES) and its g and beta
+    dtypes; the general K1 computes "safe" as "sigmoid" (the same formula)."""
     if form.flashkda:
-        return f"k1_prepare{acc}{suffix}"
-    return f"k1x_{k1_gate_tag(form)}_{k1_beta_tag(form)}{acc}{suffix}"
+        return kernel("k1_prepare", accurate=accurate, gate_form=_GATE["safe"], beta_form=_BETA["logits"],
+                      g_fp32=False, strided=strided)
+    gate = "sigmoid" if form.gate == "safe" else form.gate
+    beta = "probs" if form.beta_form == "probs" else ("logits2" if form.neg_eigval else "logits")
+    g_fp32 = form.g_fp32 and gate == "log_decay"  # the other gates read a bf16 g
+    return kernel("k1_prepare", {"g": "float32" if g_fp32 else "bfloat16",
+                                 "beta": "float32" if form.beta_fp32 else "bfloat16"},
+                  accurate=accurate, gate_form=_GATE[gate], beta_form=_BETA[beta], g_fp32=g_fp32, strided=strided)
 
 
 def resolve_lower_bound(gate: str, lower_bound: Optional[float]) -> Optional[float]:

@@ -31,7 +31,7 @@ def test_every_state_io_is_built():
 def test_accurate_twins_have_the_accurate_k2s_arguments():
     """Each accurate twin takes the arguments and constants of the accurate mma.sync K2 it replaces
     (launcher.k2_kernel_name swaps one name for the other), and only its name ends in _acc."""
-    from kda_aot.library.constants import regstate_name
+    from build_kernels.shared_constants import regstate_name
 
     mma = {regstate_name(v.name): v for v in all_variants() if v.entry in ("k2_recurrence", "k2_segments")}
     for v in REGSTATE:

@@ -70,11 +70,11 @@ def test_the_counts():
 
 
 def test_the_planner_names_every_k2_from_the_package_not_the_library():
-    """planner.k2_variant finds the mma.sync K2 by its constants among all variants (the shipped
+    """constants.kernel finds the mma.sync K2 by its constants among all variants (the shipped
     library holds only its twin at VB=64 and 128)."""
     for v in ALL.values():
         if v.entry == "k2_recurrence":
-            assert planner.k2_variant(dict(v.constants)) == v.name
+            assert constants.kernel("k2_recurrence", **dict(v.constants)) == v.name
     assert constants.variant_constants() == {v.name: dict(v.constants) for v in ALL.values()}
 
 
@@ -87,16 +87,15 @@ def test_every_k2_the_launcher_can_ask_for_is_shipped(monkeypatch):
     for vb in constants.VALUE_BLOCKS:
         for accurate, (has_initial, has_final), fp32 in itertools.product((False, True), registry.STATE_IO,
                                                                          (False, True)):
-            asked.append(planner.k2_variant({"has_initial": has_initial, "has_final": has_final,
-                                             "state_fp32": fp32 and (has_initial or has_final), "value_block": vb,
-                                             "accurate": accurate, "ablation": 0}))
+            asked.append(constants.kernel("k2_recurrence", has_initial=has_initial, has_final=has_final,
+                                          state_fp32=fp32 and (has_initial or has_final), value_block=vb,
+                                          accurate=accurate, ablation=0))
         for dtype, acc in itertools.product(("bf16", "f32"), ("", "_acc")):
             asked.append(f"k2_segments_{dtype}_vb{vb}{acc}")
         for dtype in ("bf16", "f32"):
             asked += [f"k2_ext_{dtype}_vb{vb}", f"k2_ext_segments_{dtype}_vb{vb}"]
     for name in asked:
-        vb = dict(ALL[name].constants)["value_block"]
-        assert launcher.k2_kernel_name(lib, name, vb) in SHIPPED, name
+        assert launcher.k2_kernel_name(lib, ALL[name].entry, **dict(ALL[name].constants)) in SHIPPED, name
 
 
 def test_the_runtime_knows_what_ships():
@@ -114,3 +113,17 @@ def test_a_library_says_which_variants_it_lacks():
     shipped = SimpleNamespace(kernels=dict.fromkeys(SHIPPED))
     assert loader.KernelLibrary.missing_variants(shipped) == [v.name for v in sorted(LEFT_OUT, key=lambda v: v.name)]
     assert loader.KernelLibrary.missing_variants(SimpleNamespace(kernels=dict.fromkeys(ALL))) == []
+
+
+def test_every_variant_is_found_by_its_entry_constants_and_pointer_dtypes():
+    """constants.kernel, the one way the runtime names a kernel: each variant of the registry is the
+    one match of its entry, its constants and its pointer arguments' dtypes; where constants alone
+    do not decide (the tables by cu_seqlens' dtype) or are incomplete, it refuses to guess."""
+    for v in ALL.values():
+        dtypes = {a.name: a.dtype for a in v.args if a.kind == "ptr"}
+        assert constants.kernel(v.entry, dtypes, **dict(v.constants)) == v.name, v.name
+    with pytest.raises(LookupError, match="^2 kernels of entry 'seq_tables_varlen'"):
+        constants.kernel("seq_tables_varlen")
+    assert constants.kernel("seq_tables_varlen", {"cu_seqlens": "int64"}) == "seq_tables_int64"
+    with pytest.raises(LookupError, match="^no kernel of entry 'k1_prepare'"):
+        constants.kernel("k1_prepare", accurate=False)  # the other constants are not defaults: all are named

@@ -73,7 +73,9 @@ def test_k2_kernel_name_takes_a_twin_only_where_it_exists(monkeypatch):
             monkeypatch.delenv("KDA_K2_KERNEL", raising=False)
         else:
             monkeypatch.setenv("KDA_K2_KERNEL", flag)
-        return launcher.k2_kernel_name(lib, name, vb)
+        # the mma.sync variant `name` by its entry and constants, as the launcher asks for it
+        assert constants.variant_constants()[name]["value_block"] == vb
+        return launcher.k2_kernel_name(lib, constants.ENTRIES[name], **constants.variant_constants()[name])
 
     for lib in (shipped, every):
         assert pick(None, "k2_in_f32_vb64", 64, lib) == "k2_regstate_in_f32_vb64"
