@@ -56,8 +56,8 @@ def transfer_program(lib: KernelLibrary, device_id: int, n_heads: int, t_local: 
     tables = dict(seq_start=ws(off["seq_start"]), tile_prefix=ws(off["tile_prefix"]))
     prog = Program(lib, device_id)
     contiguous = contiguous_k1_strides(H)  # the transferred q, k, g, beta are packed [t_local, H, 128] / [t_local, H]
-    prog.add(kernel("seq_tables_varlen", {"cu_seqlens": "int32"}), dict(tables, cu_seqlens=Ref("cu_seqlens"), seq_order=NULL, n_seq=S, t_total=t_local,
-                                      stream=STREAM))
+    prog.add(kernel("seq_tables_varlen", {"cu_seqlens": "int32"}), dict(
+        tables, cu_seqlens=Ref("cu_seqlens"), seq_order=NULL, n_seq=S, t_total=t_local, stream=STREAM))
     prog.add(k1_kernel(FLASHKDA, accurate=False), dict(
         q=Ref("q"), k=Ref("k"), g=Ref("g"), beta=Ref("beta"), a_log=Ref("A_log"), dt_bias=Ref("dt_bias"), **tables,
         **{f"ws_{name}": ws(off[name]) for name in WS_REGIONS}, t_total=t_local, n_seq=S, n_heads=H, cap=cap,

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
-from ..library.constants import BETA_CODES, GATE_CODES, kernel
+from ..library.constants import BETA_CODES, GATE_CODES, K1X_GATE_TAGS, kernel
 
 GATES = tuple(gate for gate, _ in GATE_CODES)  # the build's table of forms (shared_constants.GATE_CODES)
 _GATE, _BETA = dict(GATE_CODES), dict(BETA_CODES)
+_G_DTYPES = {(gate, g_dtype) for _, gate, g_dtype in K1X_GATE_TAGS}  # the g dtypes each general K1 gate reads
 BETA_FORMS = ("logits", "probs")
 DEFAULT_LOWER_BOUND = -5.0  # FlashKDA's and FLA's recommended bound, used when lower_bound is None
 
@@ -68,7 +69,7 @@ def k1_kernel(form: Form, accurate: bool, strided: bool = False) -> str:
                       g_fp32=False, strided=strided)
     gate = "sigmoid" if form.gate == "safe" else form.gate
     beta = "probs" if form.beta_form == "probs" else ("logits2" if form.neg_eigval else "logits")
-    g_fp32 = form.g_fp32 and gate == "log_decay"  # the other gates read a bf16 g
+    g_fp32 = form.g_fp32 and (gate, "float32") in _G_DTYPES  # an fp32 g where the gate takes one (log_decay)
     return kernel("k1_prepare", {"g": "float32" if g_fp32 else "bfloat16",
                                  "beta": "float32" if form.beta_fp32 else "bfloat16"},
                   accurate=accurate, gate_form=_GATE[gate], beta_form=_BETA[beta], g_fp32=g_fp32, strided=strided)
