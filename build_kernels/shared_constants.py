@@ -69,12 +69,17 @@ GATE_CODES = (("safe", 0), ("sigmoid", 1), ("softplus", 2), ("log_decay", 3))
 BETA_CODES = (("logits", 0), ("logits2", 1), ("probs", 2))  # logits2: 2 sigmoid(beta) (allow_neg_eigval)
 K1X_GATE_TAGS = (("sigmoid", "sigmoid", "bfloat16"), ("softplus", "softplus", "bfloat16"),
                  ("logdecay_bf16", "log_decay", "bfloat16"), ("logdecay_f32", "log_decay", "float32"))
+# What each gate form takes, in GATE_CODES' order (the runtime's validation wall reads it through
+# kda_aot/spec/gate_forms.py): A_log and dt_bias "required", "optional" or "absent"; lower_bound
+# "safe" (in [-5, 0)), "negative" (any finite value < 0) or "absent" (must be None).
+GATE_NEEDS = (("safe", "required", "required", "safe"), ("sigmoid", "optional", "optional", "negative"),
+              ("softplus", "required", "optional", "absent"), ("log_decay", "absent", "absent", "absent"))
 
 
 # What kda_aot/library/_abi.py carries to the runtime (build_kernels/abi.py renders them), in this order.
 RUNTIME_NAMES = ("MANIFEST_FORMAT", "D", "CHUNK", "LOG2E", "VALUE_BLOCKS", "WORKSPACE_ALIGN", "TILE_IMAGE_BYTES",
                  "SLOT_BYTES", "STATE_BYTES", "MAX_SLOTS", "REGSTATE_VALUE_BLOCKS", "GATE_CODES", "BETA_CODES",
-                 "K1X_GATE_TAGS")
+                 "K1X_GATE_TAGS", "GATE_NEEDS")
 
 
 def manifest_constants() -> Dict[str, Any]:

@@ -18,6 +18,7 @@ REGSTATE_VALUE_BLOCKS = (64, 128)
 GATE_CODES = (('safe', 0), ('sigmoid', 1), ('softplus', 2), ('log_decay', 3))
 BETA_CODES = (('logits', 0), ('logits2', 1), ('probs', 2))
 K1X_GATE_TAGS = (('sigmoid', 'sigmoid', 'bfloat16'), ('softplus', 'softplus', 'bfloat16'), ('logdecay_bf16', 'log_decay', 'bfloat16'), ('logdecay_f32', 'log_decay', 'float32'))
+GATE_NEEDS = (('safe', 'required', 'required', 'safe'), ('sigmoid', 'optional', 'optional', 'negative'), ('softplus', 'required', 'optional', 'absent'), ('log_decay', 'absent', 'absent', 'absent'))
 MANIFEST_CONSTANTS = {'D': 128, 'CHUNK': 16, 'VALUE_BLOCKS': [128, 64, 32], 'WORKSPACE_ALIGN': 256, 'SLOT_BYTES': [['qd', 4096], ['kd', 4096], ['kr', 4096], ['gt', 512], ['inv', 512], ['mqk', 512], ['bsig', 64]], 'STATE_BYTES': 65536}
 
 # the hash of every variant's signature (a library built with KDA_KERNEL_LATTICE=all has it)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
-from ..library.constants import BETA_CODES, GATE_CODES, K1X_GATE_TAGS, kernel
+from ..library.constants import BETA_CODES, GATE_CODES, GATE_NEEDS, K1X_GATE_TAGS, kernel
 
 GATES = tuple(gate for gate, _ in GATE_CODES)  # the build's table of forms (shared_constants.GATE_CODES)
 _GATE, _BETA = dict(GATE_CODES), dict(BETA_CODES)
@@ -26,14 +26,9 @@ _G_DTYPES = {(gate, g_dtype) for _, gate, g_dtype in K1X_GATE_TAGS}  # the g dty
 BETA_FORMS = ("logits", "probs")
 DEFAULT_LOWER_BOUND = -5.0  # FlashKDA's and FLA's recommended bound, used when lower_bound is None
 
-# What each gate form takes: A_log and dt_bias are "required", "optional" or "absent"; lower_bound
-# "safe" (in [-5, 0)), "negative" (any finite value < 0) or "absent" (must be None).
-_NEEDS = {
-    "safe": ("required", "required", "safe"),
-    "sigmoid": ("optional", "optional", "negative"),
-    "softplus": ("required", "optional", "absent"),
-    "log_decay": ("absent", "absent", "absent"),
-}
+# What each gate form takes (the build's table, shared_constants.GATE_NEEDS): A_log and dt_bias
+# "required", "optional" or "absent"; lower_bound "safe" (in [-5, 0)), "negative" or "absent".
+_NEEDS = {gate: tuple(rules) for gate, *rules in GATE_NEEDS}
 
 
 def needs(gate: str):

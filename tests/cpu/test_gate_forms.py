@@ -200,3 +200,16 @@ def test_gold_probability_beta_and_neg_eigval():
     o3, _ = _gold(reference, inp, allow_neg_eigval=True)
     o4, _ = _gold(reference, inp, beta=2 * probs, beta_form="probs")
     assert torch.allclose(o3, o4, rtol=1e-12, atol=1e-13) and reference.rel_rmse(o3, o1) > 1e-3
+
+
+def test_gate_table_rows_agree():
+    """The build's table of forms gives each gate its code and its needs in one order: a gate with
+    a code but no needs (or the reverse) would reach the wall without rules."""
+    from kda_aot.library.constants import GATE_CODES, GATE_NEEDS
+    from kda_aot.spec import gate_forms
+
+    assert [g for g, _ in GATE_CODES] == [g for g, *_ in GATE_NEEDS] == list(gate_forms.GATES)
+    for gate, a_log, dt_bias, bound in GATE_NEEDS:
+        assert a_log in ("required", "optional", "absent") and dt_bias in ("required", "optional", "absent")
+        assert bound in ("safe", "negative", "absent")
+        assert gate_forms.needs(gate) == (a_log, dt_bias, bound)
