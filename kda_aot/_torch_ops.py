@@ -9,7 +9,9 @@ one opaque node (no graph break, no tracing into ctypes), its fake implementatio
 without running anything, and functionalization knows exactly which arguments are written.
 
 Three ops, because an operator cannot return None and an operator that writes into arguments
-cannot also return them (docs/torch.md has the full schemas):
+cannot also return them. Their schemas are generated (op_schema) from OPS, each operator's
+argument order, over the one declaration of prefill's tensors (spec/prefill_args.py) and options
+(spec/call_options.py); docs/torch.md has them in full:
 
     kda_aot::prefill(q, k, v, g, beta, Tensor? A_log, Tensor? dt_bias, float? lower_bound=None,
         float? scale=None, Tensor? initial_state=None, bool output_final_state=False,
@@ -43,11 +45,13 @@ no autograd formula: a forward with inputs that require grad works, backward rai
 Strided q, k, v, g and beta reach the kernels as they are (TAGS: exact strides, never a copy).
 """
 
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch  # absolute: the top-level torch
 
 from .library.constants import D
+from .spec import prefill_args
+from .spec.call_options import DEFAULTS, SCHEMA_TYPES
 from . import api
 
 
@@ -106,107 +110,133 @@ def num_sequences(q: torch.Tensor, cu_seqlens: Optional[torch.Tensor]):
 
 
 # ---------------------------------------------------------------------------------------------
-# kda_aot::prefill (functional: allocates its outputs)
+# the operators' schemas, from the one declaration of prefill's tensors (spec/prefill_args: which
+# are required, which written) and of its options (spec/call_options: types and defaults)
 
-@torch.library.custom_op("kda_aot::prefill", mutates_args=(), tags=TAGS)
-def _prefill_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], lower_bound: Optional[float] = None,
-                scale: Optional[float] = None, initial_state: Optional[torch.Tensor] = None,
-                output_final_state: bool = False, cu_seqlens: Optional[torch.Tensor] = None,
-                cu_seqlens_cpu: Optional[torch.Tensor] = None, seq_lens: Optional[List[int]] = None,
-                cp: str = "auto", numerics: str = "flashkda", gate: str = "safe", beta_form: str = "logits",
-                allow_neg_eigval: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
-    # api.prefill is looked up on every call (not bound at import) so CPU tests can stand in a
-    # reference for the kernels and run torch.library.opcheck without a GPU.
-    o, final = api.prefill(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, scale=scale,
-                           initial_state=initial_state, output_final_state=output_final_state,
-                           cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, seq_lens=seq_lens, cp=cp,
-                           numerics=numerics, gate=gate, beta_form=beta_form, allow_neg_eigval=allow_neg_eigval)
+class OpArgs(NamedTuple):
+    args: Tuple[str, ...]  # in schema order; positional callers rely on it, so new arguments go last
+    required: Tuple[str, ...]  # tensors this operator cannot do without, besides prefill's required ones
+    returns: str
+
+
+OPS = {
+    # functional: allocates its outputs; final_state is a 0-element tensor when not asked for
+    "prefill": OpArgs(("q", "k", "v", "g", "beta", "A_log", "dt_bias", "lower_bound", "scale", "initial_state",
+                       "output_final_state", "cu_seqlens", "cu_seqlens_cpu", "seq_lens", "cp", "numerics", "gate",
+                       "beta_form", "allow_neg_eigval"), (), "(Tensor, Tensor)"),
+    # writes into the caller's buffers (the final state when one is given)
+    "prefill_out": OpArgs(("q", "k", "v", "g", "beta", "A_log", "dt_bias", "out", "final_state", "workspace",
+                           "lower_bound", "scale", "initial_state", "cu_seqlens", "cu_seqlens_cpu", "seq_lens",
+                           "cp", "numerics", "gate", "beta_form", "allow_neg_eigval", "checkpoint_offsets",
+                           "checkpoint_state", "segment_ids"), ("out",), "()"),
+    # reads and writes a state pool in place, returns o
+    "prefill_pool": OpArgs(("q", "k", "v", "g", "beta", "A_log", "dt_bias", "state_pool", "state_indices",
+                            "lower_bound", "scale", "cu_seqlens", "cu_seqlens_cpu", "seq_lens", "cp", "gate",
+                            "beta_form", "allow_neg_eigval", "checkpoint_offsets", "checkpoint_state",
+                            "checkpoint_slots", "segment_ids"), ("state_pool", "state_indices"), "Tensor"),
+}
+_TENSORS = {a.name: a for a in prefill_args.ARGS}
+
+
+def _written(name: str) -> bool:
+    return name == "workspace" or _TENSORS[name].role != "read"  # the workspace is scratch the kernels write
+
+
+def _literal(value) -> str:
+    return f'"{value}"' if isinstance(value, str) else repr(value)
+
+
+def op_schema(op: str) -> str:
+    """The operator's schema: a tensor is optional unless required, written ones carry an alias
+    (named a<position>, as torch names those it infers), and every argument from the first option
+    on has a default (the option's, None for a tensor)."""
+    spec, parts, defaulted = OPS[op], [], False
+    for i, name in enumerate(spec.args):
+        if name in SCHEMA_TYPES:
+            defaulted = True
+            parts.append(f"{SCHEMA_TYPES[name]} {name}={_literal(DEFAULTS[name])}")
+            continue
+        required = name in spec.required or (name in _TENSORS and _TENSORS[name].required)
+        alias = f"(a{i}!)" if _written(name) else ""
+        parts.append(f"Tensor{alias}{'' if required else '?'} {name}{'=None' if defaulted else ''}")
+    return f"({', '.join(parts)}) -> {spec.returns}"
+
+
+def _binder(op: str):
+    """Names the operator's arguments as the dispatcher passes them (positionally, less the trailing
+    ones left at their defaults), defaults filled: kda_aot.prefill's keywords."""
+    args = OPS[op].args
+    defaults = {name: DEFAULTS.get(name) for name in args[args.index("lower_bound"):]}
+
+    def bind(values, kwargs) -> dict:
+        named = dict(defaults)
+        named.update(zip(args, values))
+        named.update(kwargs)
+        return named
+    return bind
+
+
+def _define(op: str, impl, fake):
+    mutates = tuple(name for name in OPS[op].args if name not in SCHEMA_TYPES and _written(name))
+    op_def = torch.library.custom_op(f"kda_aot::{op}", impl, mutates_args=mutates, schema=op_schema(op), tags=TAGS)
+    op_def.register_fake(fake)
+    if mutates:
+        bump_written_versions(op_def)
+    return getattr(torch.ops.kda_aot, op).default
+
+
+# api.prefill is looked up on every call (not bound at import) so CPU tests can stand in a
+# reference for the kernels and run torch.library.opcheck without a GPU.
+
+_bind_prefill = _binder("prefill")
+
+
+def _prefill_impl(*args, **kwargs):
+    named = _bind_prefill(args, kwargs)
+    o, final = api.prefill(**named)
     if final is None:
-        final = q.new_empty((0,), dtype=state_dtype(initial_state))
+        final = named["q"].new_empty((0,), dtype=state_dtype(named["initial_state"]))
     return o, final
 
 
-@_prefill_op.register_fake
-def _prefill_fake(q, k, v, g, beta, A_log, dt_bias, lower_bound=None, scale=None, initial_state=None,
-                  output_final_state=False, cu_seqlens=None, cu_seqlens_cpu=None, seq_lens=None, cp="auto",
-                  numerics="flashkda", gate="safe", beta_form="logits", allow_neg_eigval=False):
+def _prefill_fake(*args, **kwargs):
+    named = _bind_prefill(args, kwargs)
+    q = named["q"]
     o = q.new_empty(q.shape)  # bf16 like q whatever the gate's and beta's dtypes
-    dtype = state_dtype(initial_state)
-    if not output_final_state:
+    dtype = state_dtype(named["initial_state"])
+    if not named["output_final_state"]:
         return o, q.new_empty((0,), dtype=dtype)
-    return o, q.new_empty((num_sequences(q, cu_seqlens), q.shape[2], D, D), dtype=dtype)
+    return o, q.new_empty((num_sequences(q, named["cu_seqlens"]), q.shape[2], D, D), dtype=dtype)
 
 
-# ---------------------------------------------------------------------------------------------
-# kda_aot::prefill_out (writes into caller buffers)
-
-@torch.library.custom_op("kda_aot::prefill_out", mutates_args=("out", "final_state", "workspace", "checkpoint_state"),
-                         tags=TAGS)
-def _prefill_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                    A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], out: torch.Tensor,
-                    final_state: Optional[torch.Tensor], workspace: Optional[torch.Tensor],
-                    lower_bound: Optional[float] = None, scale: Optional[float] = None,
-                    initial_state: Optional[torch.Tensor] = None, cu_seqlens: Optional[torch.Tensor] = None,
-                    cu_seqlens_cpu: Optional[torch.Tensor] = None, seq_lens: Optional[List[int]] = None,
-                    cp: str = "auto", numerics: str = "flashkda", gate: str = "safe", beta_form: str = "logits",
-                    allow_neg_eigval: bool = False, checkpoint_offsets: Optional[torch.Tensor] = None,
-                    checkpoint_state: Optional[torch.Tensor] = None,
-                    segment_ids: Optional[torch.Tensor] = None) -> None:
-    api.prefill(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, scale=scale,
-                initial_state=initial_state, output_final_state=final_state is not None, cu_seqlens=cu_seqlens,
-                cu_seqlens_cpu=cu_seqlens_cpu, seq_lens=seq_lens, cp=cp, out=out, final_state=final_state,
-                workspace=workspace, numerics=numerics, gate=gate, beta_form=beta_form,
-                allow_neg_eigval=allow_neg_eigval, checkpoint_offsets=checkpoint_offsets,
-                checkpoint_state=checkpoint_state, segment_ids=segment_ids)
+_bind_out = _binder("prefill_out")
 
 
-@_prefill_out_op.register_fake
-def _prefill_out_fake(q, k, v, g, beta, A_log, dt_bias, out, final_state, workspace, lower_bound=None,
-                      scale=None, initial_state=None, cu_seqlens=None, cu_seqlens_cpu=None, seq_lens=None, cp="auto",
-                      numerics="flashkda", gate="safe", beta_form="logits", allow_neg_eigval=False,
-                      checkpoint_offsets=None, checkpoint_state=None, segment_ids=None):
+def _prefill_out_impl(*args, **kwargs):
+    named = _bind_out(args, kwargs)
+    api.prefill(**named, output_final_state=named["final_state"] is not None)
+
+
+def _prefill_out_fake(*args, **kwargs):
     return None
 
 
-bump_written_versions(_prefill_out_op)
+_bind_pool = _binder("prefill_pool")
 
 
-# ---------------------------------------------------------------------------------------------
-# kda_aot::prefill_pool (reads and writes a state pool in place, docs/state_pool.md)
-
-@torch.library.custom_op("kda_aot::prefill_pool", mutates_args=("state_pool", "checkpoint_state"), tags=TAGS)
-def _prefill_pool_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                     A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], state_pool: torch.Tensor,
-                     state_indices: torch.Tensor, lower_bound: Optional[float] = None, scale: Optional[float] = None,
-                     cu_seqlens: Optional[torch.Tensor] = None, cu_seqlens_cpu: Optional[torch.Tensor] = None,
-                     seq_lens: Optional[List[int]] = None, cp: str = "auto", gate: str = "safe",
-                     beta_form: str = "logits", allow_neg_eigval: bool = False,
-                     checkpoint_offsets: Optional[torch.Tensor] = None, checkpoint_state: Optional[torch.Tensor] = None,
-                     checkpoint_slots: Optional[torch.Tensor] = None,
-                     segment_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-    o, _ = api.prefill(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, scale=scale,
-                       cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, seq_lens=seq_lens, cp=cp,
-                       state_pool=state_pool, state_indices=state_indices, gate=gate, beta_form=beta_form,
-                       allow_neg_eigval=allow_neg_eigval, checkpoint_offsets=checkpoint_offsets,
-                       checkpoint_state=checkpoint_state, checkpoint_slots=checkpoint_slots, segment_ids=segment_ids)
+def _prefill_pool_impl(*args, **kwargs):
+    o, _ = api.prefill(**_bind_pool(args, kwargs))
     return o
 
 
-@_prefill_pool_op.register_fake
-def _prefill_pool_fake(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, lower_bound=None, scale=None,
-                       cu_seqlens=None, cu_seqlens_cpu=None, seq_lens=None, cp="auto", gate="safe",
-                       beta_form="logits", allow_neg_eigval=False, checkpoint_offsets=None, checkpoint_state=None,
-                       checkpoint_slots=None, segment_ids=None):
+def _prefill_pool_fake(*args, **kwargs):
+    q = _bind_pool(args, kwargs)["q"]
     return q.new_empty(q.shape)
 
 
-bump_written_versions(_prefill_pool_op)
-
-
-PREFILL = torch.ops.kda_aot.prefill.default
-PREFILL_OUT = torch.ops.kda_aot.prefill_out.default
-PREFILL_POOL = torch.ops.kda_aot.prefill_pool.default
+PREFILL = _define("prefill", _prefill_impl, _prefill_fake)
+PREFILL_OUT = _define("prefill_out", _prefill_out_impl, _prefill_out_fake)
+PREFILL_POOL = _define("prefill_pool", _prefill_pool_impl, _prefill_pool_fake)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,6 +281,7 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
             raise ValueError("state_indices: state_pool and state_indices go together")
         if numerics != "flashkda":
             raise NotImplementedError("numerics: 'accurate' with state_pool is not built; use numerics='flashkda'")
+        # positional, in the schema's order (OPS): keywords cost the dispatcher about 2 us a call
         return PREFILL_POOL(q, k, v, g, beta, A_log, dt_bias, state_pool, state_indices, lower_bound, scale,
                             cu_seqlens, hint, seq_lens, cp, gate, beta_form, allow_neg_eigval, checkpoint_offsets,
                             checkpoint_state, checkpoint_slots, segment_ids), None

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
 from ._version import __version__
 from .intake import arguments, frameworks, pending
 from .intake.tensors import TensorDesc
-from .intake.validation import ALIGNMENT, extent_bytes, validate_prefill
+from .intake.validation import ALIGNMENT, check_call, extent_bytes, hint_lengths
 from .library import streams
 from .library.constants import D
 from .library.loader import CudaError, KdaError, get_library, library_dir
@@ -27,7 +27,7 @@ from .plan import call_plan
 from .plan.call_plan import CallPlan, UnsafePointers
 from .plan.program import SLOT, pack_inputs
 from .plan.workspace import ARENA
-from .spec import prefill_args
+from .spec.call_options import CallOptions
 
 
 class Checkpoints(NamedTuple):
@@ -117,83 +117,48 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any = None, dt_
     The work follows the listed sequences' tokens. Entries are never read on the host: the device
     skips an entry outside [0, N) and runs a repeated one once; validate="host" refuses both.
     """
-    arguments.check_options(final_state, output_final_state, state_pool, validate)
-    tensors = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state, state_pool,
-               state_indices, checkpoints, checkpoint_index, checkpoint_state, checkpoint_offsets, checkpoint_slots,
-               segment_ids, workspace)
-    torch, sig, ptrs, descs, handle = arguments.read(tensors, stream)
-    hint = arguments.host_hints(torch, tensors, stream, handle, seq_lens, cu_seqlens_cpu, state_indices_cpu, validate)
-    options = (lower_bound, scale, output_final_state, cp, hint, value_split, checkpoint_every, numerics,
-               (gate, beta_form, allow_neg_eigval))
-    # a torch tensor's signature holds its contiguity only: the pool's slot stride joins the key
-    pool_stride = state_pool.stride() if torch is not None and state_pool is not None else None
-    plan = _plan_for(tensors, sig, ptrs, descs, options, pool_stride)
+    tensors = arguments.gather_tensors(locals())  # prefill_args' order, by name (locals: the parameters alone)
+    torch, sig, ptrs, descs, handle, hint = arguments.intake(
+        tensors, stream, output_final_state, validate, seq_lens, cu_seqlens_cpu, state_indices_cpu)
+    options = CallOptions(lower_bound=lower_bound, scale=scale, output_final_state=output_final_state, cp=cp,
+                          value_split=value_split, checkpoint_every=checkpoint_every, numerics=numerics, gate=gate,
+                          beta_form=beta_form, allow_neg_eigval=allow_neg_eigval, hint=hint)
+    plan = _plan_for(tensors, sig, ptrs, descs, options)
     return _launch(plan, torch, tensors, ptrs, handle, stream, output_final_state)
 
 
 # ---------------------------------------------------------------------------------------------
 # plans
 
-def _plan_for(tensors, sig, ptrs, descs, options, pool_stride) -> CallPlan:
+def _plan_for(tensors, sig, ptrs, descs, options: CallOptions) -> CallPlan:
     """The call's plan: the cached one of its key, else the whole wall and a new plan (raises naming
     the argument); then the pointer checks of this call's addresses."""
-    lower_bound, scale, output_final_state, cp, hint, value_split, checkpoint_every, numerics, form = options
     try:
-        key = (sig, (type(lower_bound), lower_bound, type(scale), scale, bool(output_final_state), type(cp), cp,
-                     hint, value_split, type(checkpoint_every), checkpoint_every, pool_stride, type(numerics),
-                     numerics, tuple(type(x) for x in form), form))
+        key = (sig, options.key())
         plan = _PLANS.get(key)
     except TypeError:  # an unhashable option: let the wall name it
         key, plan = None, None
     if plan is None:
         descs = descs or arguments.describe_all(tensors)
-        plan = _build_plan(descs, *options)
+        plan = _build_plan(descs, options)
         if key is not None:
             _remember(key, plan)
     try:
         plan.check_pointers(ptrs)
     except UnsafePointers:
         descs = descs or arguments.describe_all(tensors)
-        _build_plan(descs, *options)  # raises, naming it
+        _build_plan(descs, options)  # raises, naming it
         if descs[-1] is not None:  # the wall does not know the workspace: it overlaps something
             raise ValueError("workspace: overlaps an input or output of the call; pass a separate buffer")
         raise KdaError("internal error: a pointer check failed that the validation wall accepts")
     return plan
 
 
-def _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split,
-                checkpoint_every=None, numerics="flashkda", form=("safe", "logits", False)) -> CallPlan:
-    """The whole wall on this call's descriptions, then the plan (raises naming the argument)."""
-    problem, lengths = _checked_problem(descs, lower_bound, scale, output_final_state, cp, hint, value_split,
-                                        checkpoint_every, numerics, form)
-    return _plan(descs, problem, lengths, value_split)
-
-
-def _checked_problem(descs, lower_bound, scale, output_final_state, cp, hint, value_split,
-                     checkpoint_every=None, numerics="flashkda", form=("safe", "logits", False)):
-    """The whole wall: (problem, host lengths or None), or an error naming the argument. Reads
-    descriptions only, so it needs no GPU (kda_aot.jax runs it while JAX traces)."""
-    t = dict(zip(arguments.TENSOR_ARGS, descs))
-    problem = validate_prefill(**{name: t[name] for name in prefill_args.NAMES}, lower_bound=lower_bound,
-                               scale=scale, cp=cp, checkpoint_every=checkpoint_every, numerics=numerics,
-                               gate=form[0], beta_form=form[1], allow_neg_eigval=form[2])
-    if problem.checkpoint_every and problem.state_dtype is None:
-        import dataclasses
-
-        problem = dataclasses.replace(problem, state_dtype="float32")  # checkpoints default to fp32 like final states
-    if output_final_state and not problem.has_final:
-        # One state dtype per call (the kernels keep a single state format): the allocated final
-        # state follows initial_state's dtype, fp32 when there is none.
-        import dataclasses
-
-        problem = dataclasses.replace(problem, has_final=True, state_dtype=problem.state_dtype or "float32")
-    if hint is not None and not problem.varlen:
-        raise ValueError(f"{'seq_lens' if hint[0] == 'lens' else 'cu_seqlens_cpu'}: a hint for packed input; "
-                         "dense [B, T] input has no cu_seqlens")
-    lengths = arguments.hint_lengths(hint, problem.N, problem.T) if problem.varlen else (problem.T,) * problem.B
-    if value_split is not None and value_split not in (1, 2, 4):
-        raise ValueError(f"value_split: expected 1, 2 or 4, got {value_split!r}")
-    return problem, lengths
+def _build_plan(descs, options: CallOptions) -> CallPlan:
+    """The whole wall on this call's descriptions (intake/validation.check_call), then the plan
+    (raises naming the argument)."""
+    problem, lengths = check_call(descs, options)
+    return _plan(descs, problem, lengths, options.value_split)
 
 
 def _plan(descs, problem, lengths, value_split) -> CallPlan:
@@ -334,18 +299,19 @@ def workspace_size(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any = No
     """Bytes of `workspace=` that prefill needs for these arguments (validated as prefill would).
     `stream`, `workspace`, `validate` and `state_indices_cpu` are accepted so that prefill's own
     keyword arguments can be passed unchanged; they do not change the size (nor does `numerics`, which is checked)."""
-    tensors = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state, state_pool,
-               state_indices, checkpoints, checkpoint_index, checkpoint_state, checkpoint_offsets, checkpoint_slots,
-               segment_ids, None)
+    # by name, as prefill gathers them; the workspace is not described (it does not change the size)
+    tensors = arguments.gather_tensors(locals())[:-1] + (None,)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(q, torch.Tensor):
         descs = arguments.describe_all(tensors)
     else:  # DLPack reads need a consumer stream (JAX refuses -1)
         descs = arguments.describe_all(tensors, frameworks.consumer_stream(arguments.intake_stream(q, stream)))
-    hint = arguments.hint_key(seq_lens, cu_seqlens_cpu)
     arguments.check_pool_options(state_pool, output_final_state)
-    return _build_plan(descs, lower_bound, scale, output_final_state, cp, hint, value_split,
-                       checkpoint_every, numerics, (gate, beta_form, allow_neg_eigval)).workspace_bytes
+    options = CallOptions(lower_bound=lower_bound, scale=scale, output_final_state=output_final_state, cp=cp,
+                          value_split=value_split, checkpoint_every=checkpoint_every, numerics=numerics, gate=gate,
+                          beta_form=beta_form, allow_neg_eigval=allow_neg_eigval,
+                          hint=arguments.hint_key(seq_lens, cu_seqlens_cpu))
+    return _build_plan(descs, options).workspace_bytes
 
 
 def workspace_size_for(T: int, H: int, *, N: int = 1, varlen: bool = False, cu_dtype: str = "int32",
@@ -378,7 +344,7 @@ def workspace_size_for(T: int, H: int, *, N: int = 1, varlen: bool = False, cu_d
                       checkpoint_k=checkpoint_k, checkpoint_into="buffer" if checkpoint_k else None,
                       checkpoint_offsets_dtype="int32" if checkpoint_k else None, listed=bool(listed))
     if varlen:
-        lengths = arguments.hint_lengths(arguments.hint_key(seq_lens, None), N, T)
+        lengths = hint_lengths(arguments.hint_key(seq_lens, None), N, T)
     else:
         lengths = (T,) * N
     return launcher.workspace_bytes(problem, call_plan.segmentation(problem, lengths, sm_count))

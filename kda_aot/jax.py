@@ -33,11 +33,13 @@ import numpy as np
 from . import api
 from .intake import arguments, dtypes
 from .intake.tensors import TensorDesc
+from .intake.validation import check_call
 from .library import streams
 from .library.constants import WORKSPACE_ALIGN
 from .library.loader import get_library
 from .plan.program import N_INPUTS, SLOT
 from .spec import prefill_args
+from .spec.call_options import CallOptions
 
 # The first JAX with jax.ffi (ffi_call with input_output_aliases, register_ffi_target, pycapsule),
 # whose XLA speaks FFI API 0.1, the version the handler declares; later XLAs accept 0.1 handlers.
@@ -104,10 +106,11 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any = None, dt_
     for name in given:
         arrays[name] = _array(arrays[name], name)
     signature = tuple((name,) + _aval(arrays[name], name) for name in given)
-    options = (lower_bound, scale, output_final_state, cp, arguments.hint_key(seq_lens, None), numerics,
-               (gate, beta_form, allow_neg_eigval))
+    options = CallOptions(lower_bound=lower_bound, scale=scale, output_final_state=output_final_state, cp=cp,
+                          numerics=numerics, gate=gate, beta_form=beta_form, allow_neg_eigval=allow_neg_eigval,
+                          hint=arguments.hint_key(seq_lens, None))
     try:
-        key = (signature, tuple((type(x), x) for x in options[:-1]), tuple((type(x), x) for x in options[-1]))
+        key = (signature, options.key())
         hash(key)
     except TypeError:  # an unhashable option: the wall names it
         key = None
@@ -193,21 +196,19 @@ class _Call(NamedTuple):
 
 @functools.lru_cache(maxsize=256)
 def _prepared(key) -> Optional[_Call]:
-    signature, plain, form = key
-    return _prepare(signature, tuple(x for _, x in plain) + (tuple(x for _, x in form),))
+    signature, (options, _) = key
+    return _prepare(signature, options)
 
 
-def _prepare(signature, options) -> Optional[_Call]:
-    lower_bound, scale, output_final_state, cp, hint, numerics, form = options
+def _prepare(signature, options: CallOptions) -> Optional[_Call]:
     names = [name for name, _, _ in signature]
     devices = _cuda_devices()
     hopper = [d for d in devices if _is_hopper(d)]
     device_id = (hopper or devices or (0,))[0]
     descs = _descriptions(signature, device_id)
     t = dict(zip(arguments.TENSOR_ARGS, descs))
-    arguments.check_pool_options(t["state_pool"], output_final_state)
-    problem, lengths = api._checked_problem(descs, lower_bound, scale, output_final_state, cp, hint, None, None,
-                                            numerics, form)
+    arguments.check_pool_options(t["state_pool"], options.output_final_state)
+    problem, lengths = check_call(descs, options)
     _require_cuda(devices)
     plan = api._plan(descs, problem, lengths, None)  # refuses a device that is not Hopper, naming it
     program = plan.launch.program
@@ -279,7 +280,7 @@ def _empty_outputs(signature, options):
     t = {name: (shape, dtype) for name, shape, dtype in signature}
     B, T, H, _ = t["q"][0]
     o = jax.numpy.zeros((B, T, H, 128), jax.numpy.bfloat16)
-    if not options[2]:
+    if not options.output_final_state:
         return o, None
     N = t["cu_seqlens"][0][0] - 1 if "cu_seqlens" in t else B
     dtype = t["initial_state"][1] if "initial_state" in t else "float32"

@@ -8,6 +8,7 @@ Nothing here decides whether a call is valid: the wall (validation.py) does, on 
 
 from __future__ import annotations
 
+import operator
 import sys
 from typing import Optional, Sequence, Tuple
 
@@ -19,21 +20,33 @@ from ..spec import prefill_args
 from . import frameworks
 from .stream_check import check_stream_handle, stream_device
 from .tensors import TensorDesc, describe
-from .validation import _host_entries, check_cu_seqlens_host, check_cu_seqlens_values, check_seq_lens, int_entries
+from .validation import _host_entries, check_cu_seqlens_values, hint_lengths, int_entries
 
 TENSOR_ARGS = prefill_args.NAMES + ("workspace",)  # the order of `tensors` in prefill and workspace_size
+gather_tensors = operator.itemgetter(*TENSOR_ARGS)  # prefill's tensors from its locals(), by these names
 VALIDATE_MODES = ("device", "host")
-_CU_SEQLENS, _STATE_POOL, _STATE_INDICES, _SEGMENT_IDS = (
-    TENSOR_ARGS.index(n) for n in ("cu_seqlens", "state_pool", "state_indices", "segment_ids"))
+_CU_SEQLENS, _FINAL_STATE, _STATE_POOL, _STATE_INDICES, _SEGMENT_IDS = (
+    TENSOR_ARGS.index(n) for n in ("cu_seqlens", "final_state", "state_pool", "state_indices", "segment_ids"))
 
 
-def check_options(final_state, output_final_state, state_pool, validate) -> None:
-    """The options that go together before anything is read (raises naming the argument)."""
-    if final_state is not None and not output_final_state:
+def intake(tensors: tuple, stream, output_final_state, validate, seq_lens, cu_seqlens_cpu,
+           state_indices_cpu) -> tuple:
+    """Everything prefill reads before the wall, in one pass: the options that go together, then
+    read's (torch, signature, pointers, descriptions, handle) and the host hint of the lengths
+    (host_hints), as (torch, signature, pointers, descriptions, handle, hint). A torch state
+    pool's slot stride joins the signature (a torch signature holds contiguity, not strides, and a
+    pool's slots may be padded apart)."""
+    state_pool = tensors[_STATE_POOL]
+    if tensors[_FINAL_STATE] is not None and not output_final_state:
         raise ValueError("final_state: a buffer was given but output_final_state=False")
     check_pool_options(state_pool, output_final_state)
     if validate not in VALIDATE_MODES:
         raise ValueError(f"validate: expected 'device' or 'host', got {validate!r}")
+    torch, sig, ptrs, descs, handle = read(tensors, stream)
+    hint = host_hints(torch, tensors, stream, handle, seq_lens, cu_seqlens_cpu, state_indices_cpu, validate)
+    if torch is not None and state_pool is not None:
+        sig = (sig, state_pool.stride())
+    return torch, sig, ptrs, descs, handle, hint
 
 
 def check_pool_options(state_pool, output_final_state) -> None:
@@ -143,13 +156,6 @@ def int_tuple(items: list, name: str) -> tuple:
         if type(item) is not int:
             return tuple(int_entries(items, name))
     return tuple(items)
-
-
-def hint_lengths(hint, N: int, T: int) -> Optional[Tuple[int, ...]]:
-    if hint is None:
-        return None
-    kind, values = hint
-    return check_seq_lens(values, N, T) if kind == "lens" else check_cu_seqlens_host(values, N, T)
 
 
 def read_back_hint(torch, tensors, hint, stream, handle):

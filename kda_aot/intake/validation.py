@@ -15,6 +15,7 @@ normalised into `Problem.strides`, which the launcher hands to the kernels and p
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import struct
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from ..library.constants import LOG2E, D  # head dim: K = V = 128 only
 from ..spec import prefill_args
+from ..spec.call_options import CallOptions
 from ..spec.gate_forms import BETA_FORMS, GATES, Form, needs, resolve_lower_bound
 from ..spec.problem import CpMode, Problem, int_entries, parse_cp  # noqa: F401 (the wall's names)
 
@@ -124,6 +126,43 @@ def validate_prefill(*, q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, in
         checkpoint_offsets_dtype=None if checkpoint_offsets is None else checkpoint_offsets.dtype,
         listed=segment_ids is not None, n_listed=n_listed,
     )
+
+
+def check_call(descs: Sequence[Optional["TensorDesc"]], options: CallOptions) -> Tuple[Problem, Optional[Tuple[int, ...]]]:
+    """The whole wall on one call: (problem, host lengths or None), or an error naming the argument.
+
+    `descs`: the descriptions of prefill's tensors in prefill_args order (a trailing workspace
+    description is ignored: the plan checks it). Reads descriptions only, so it needs no GPU
+    (kda_aot.jax runs it while JAX traces). Besides validate_prefill's checks it settles what the
+    options add to the problem: the state dtype of checkpoints and of an allocated final state, the
+    host lengths (checked against the problem) and the forced value split."""
+    problem = validate_prefill(**dict(zip(prefill_args.NAMES, descs)), lower_bound=options.lower_bound,
+                               scale=options.scale, cp=options.cp, checkpoint_every=options.checkpoint_every,
+                               numerics=options.numerics, gate=options.gate, beta_form=options.beta_form,
+                               allow_neg_eigval=options.allow_neg_eigval)
+    if problem.checkpoint_every and problem.state_dtype is None:
+        problem = dataclasses.replace(problem, state_dtype=_FP32)  # checkpoints default to fp32 like final states
+    if options.output_final_state and not problem.has_final:
+        # One state dtype per call (the kernels keep a single state format): the allocated final
+        # state follows initial_state's dtype, fp32 when there is none.
+        problem = dataclasses.replace(problem, has_final=True, state_dtype=problem.state_dtype or _FP32)
+    hint = options.hint
+    if hint is not None and not problem.varlen:
+        raise ValueError(f"{'seq_lens' if hint[0] == 'lens' else 'cu_seqlens_cpu'}: a hint for packed input; "
+                         "dense [B, T] input has no cu_seqlens")
+    lengths = hint_lengths(hint, problem.N, problem.T) if problem.varlen else (problem.T,) * problem.B
+    if options.value_split is not None and options.value_split not in (1, 2, 4):
+        raise ValueError(f"value_split: expected 1, 2 or 4, got {options.value_split!r}")
+    return problem, lengths
+
+
+def hint_lengths(hint, N: int, T: int) -> Optional[Tuple[int, ...]]:
+    """The sequence lengths a host hint (CallOptions.hint) gives, checked against N sequences of T
+    tokens in all; None without a hint."""
+    if hint is None:
+        return None
+    kind, values = hint
+    return check_seq_lens(values, N, T) if kind == "lens" else check_cu_seqlens_host(values, N, T)
 
 
 def _check_segment_ids_shape(segment_ids: Optional[TensorDesc]) -> int:

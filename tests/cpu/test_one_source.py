@@ -87,13 +87,32 @@ def test_prefill_tensor_arguments_are_declared_once():
     assert validation._DTYPES == {a.name: tuple(a.align) for a in prefill_args.ARGS}
     assert validation.ALIGNMENT is prefill_args.ALIGNMENT
     for fn in (api.prefill, api.workspace_size):
+        # the tensors are gathered by name (arguments.gather_tensors over TENSOR_ARGS), first thing,
+        # while the function's locals are its parameters alone: no hand-written tuple to keep in order
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-        tuples = [node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
-                  and any(isinstance(t, ast.Name) and t.id == "tensors" for t in node.targets)]
-        assert len(tuples) == 1, fn.__name__
-        got = tuple(e.id if isinstance(e, ast.Name) else ast.literal_eval(e) for e in tuples[0].elts)
-        # workspace_size has no workspace of its own to pass (None in that place)
-        want = arguments.TENSOR_ARGS if fn is api.prefill else names + (None,)
-        assert got == want, fn.__name__
+        body = tree.body[0].body
+        first = body[1] if isinstance(body[0], ast.Expr) else body[0]  # after the docstring
+        assert isinstance(first, ast.Assign) and first.targets[0].id == "tensors", fn.__name__
+        assert "arguments.gather_tensors(locals())" in ast.unparse(first.value), fn.__name__
+        assert not [node for node in ast.walk(tree) if isinstance(node, ast.Tuple) and len(node.elts) > 12], fn.__name__
         params = inspect.signature(fn).parameters
-        assert all(name in params for name in names), fn.__name__
+        assert all(name in params for name in arguments.TENSOR_ARGS), fn.__name__
+
+
+def test_options_declared_once():
+    """prefill's option keywords and defaults, CallOptions' fields and the torch operators' option
+    types all come from spec/call_options.OPTIONS."""
+    import inspect
+
+    from kda_aot import api
+    from kda_aot.spec import call_options
+
+    params = inspect.signature(api.prefill).parameters
+    for option in call_options.OPTIONS:
+        assert params[option.name].default == option.default, option.name
+        assert params[option.name].kind is inspect.Parameter.KEYWORD_ONLY, option.name
+    assert call_options.CallOptions._fields == call_options.PLANNED + ("hint",)
+    assert call_options.CallOptions() == tuple(o.default for o in call_options.OPTIONS if o.plans) + (None,)
+    # 1, 1.0 and True are equal in a tuple, but the plan key tells them apart
+    a, b = call_options.CallOptions(scale=1), call_options.CallOptions(scale=1.0)
+    assert a == b and a.key() != b.key()

@@ -528,3 +528,20 @@ def test_readme_example_runs_with_the_stand_in(stand_in):
     assert scope["ht"].dtype == torch.float32 and len(stand_in.calls) == 1
     call = stand_in.calls[0]
     assert call["gate"] == "safe" and call["cu_seqlens_cpu"].tolist() == [0, 200, 300]
+
+
+def test_op_arguments_are_prefills_with_its_defaults():
+    """The operators' schemas are generated from prefill's declarations (spec/prefill_args,
+    spec/call_options): every argument is one of kda_aot.prefill's, with prefill's default."""
+    import inspect
+
+    from kda_aot import _torch_ops, api
+
+    params = inspect.signature(api.prefill).parameters
+    for op in (kt.PREFILL, kt.PREFILL_OUT, kt.PREFILL_POOL):
+        for arg in op._schema.arguments:
+            assert arg.name in params, (op, arg.name)
+            if arg.has_default_value():
+                assert arg.default_value == params[arg.name].default, (op, arg.name)
+    for name in _torch_ops.OPS:
+        assert str(getattr(torch.ops.kda_aot, name).default._schema) == f"kda_aot::{name}" + _torch_ops.op_schema(name)
