@@ -117,12 +117,11 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any = None, dt_
     The work follows the listed sequences' tokens. Entries are never read on the host: the device
     skips an entry outside [0, N) and runs a repeated one once; validate="host" refuses both.
     """
-    tensors = arguments.gather_tensors(locals())  # prefill_args' order, by name (locals: the parameters alone)
+    given = locals()  # the parameters alone, by name: tensors and options are read from it by their tables
+    tensors = arguments.gather_tensors(given)
     torch, sig, ptrs, descs, handle, hint = arguments.intake(
         tensors, stream, output_final_state, validate, seq_lens, cu_seqlens_cpu, state_indices_cpu)
-    options = CallOptions(lower_bound=lower_bound, scale=scale, output_final_state=output_final_state, cp=cp,
-                          value_split=value_split, checkpoint_every=checkpoint_every, numerics=numerics, gate=gate,
-                          beta_form=beta_form, allow_neg_eigval=allow_neg_eigval, hint=hint)
+    options = CallOptions.gather(given, hint)
     plan = _plan_for(tensors, sig, ptrs, descs, options)
     return _launch(plan, torch, tensors, ptrs, handle, stream, output_final_state)
 
@@ -299,19 +298,15 @@ def workspace_size(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any = No
     """Bytes of `workspace=` that prefill needs for these arguments (validated as prefill would).
     `stream`, `workspace`, `validate` and `state_indices_cpu` are accepted so that prefill's own
     keyword arguments can be passed unchanged; they do not change the size (nor does `numerics`, which is checked)."""
-    # by name, as prefill gathers them; the workspace is not described (it does not change the size)
-    tensors = arguments.gather_tensors(locals())[:-1] + (None,)
+    given = locals()  # by name, as prefill reads them; the workspace is not described (it does not change the size)
+    tensors = arguments.gather_tensors(given)[:-1] + (None,)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(q, torch.Tensor):
         descs = arguments.describe_all(tensors)
     else:  # DLPack reads need a consumer stream (JAX refuses -1)
         descs = arguments.describe_all(tensors, frameworks.consumer_stream(arguments.intake_stream(q, stream)))
     arguments.check_pool_options(state_pool, output_final_state)
-    options = CallOptions(lower_bound=lower_bound, scale=scale, output_final_state=output_final_state, cp=cp,
-                          value_split=value_split, checkpoint_every=checkpoint_every, numerics=numerics, gate=gate,
-                          beta_form=beta_form, allow_neg_eigval=allow_neg_eigval,
-                          hint=arguments.hint_key(seq_lens, cu_seqlens_cpu))
-    return _build_plan(descs, options).workspace_bytes
+    return _build_plan(descs, CallOptions.gather(given, arguments.hint_key(seq_lens, cu_seqlens_cpu))).workspace_bytes
 
 
 def workspace_size_for(T: int, H: int, *, N: int = 1, varlen: bool = False, cu_dtype: str = "int32",

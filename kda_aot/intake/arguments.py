@@ -43,7 +43,10 @@ def intake(tensors: tuple, stream, output_final_state, validate, seq_lens, cu_se
     if validate not in VALIDATE_MODES:
         raise ValueError(f"validate: expected 'device' or 'host', got {validate!r}")
     torch, sig, ptrs, descs, handle = read(tensors, stream)
-    hint = host_hints(torch, tensors, stream, handle, seq_lens, cu_seqlens_cpu, state_indices_cpu, validate)
+    if seq_lens is None and cu_seqlens_cpu is None and state_indices_cpu is None and validate == "device":
+        hint = None  # the common serving call: no hint to read (saves a call on the per-call path)
+    else:
+        hint = host_hints(torch, tensors, stream, handle, seq_lens, cu_seqlens_cpu, state_indices_cpu, validate)
     if torch is not None and state_pool is not None:
         sig = (sig, state_pool.stride())
     return torch, sig, ptrs, descs, handle, hint

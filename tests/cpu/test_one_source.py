@@ -87,13 +87,14 @@ def test_prefill_tensor_arguments_are_declared_once():
     assert validation._DTYPES == {a.name: tuple(a.align) for a in prefill_args.ARGS}
     assert validation.ALIGNMENT is prefill_args.ALIGNMENT
     for fn in (api.prefill, api.workspace_size):
-        # the tensors are gathered by name (arguments.gather_tensors over TENSOR_ARGS), first thing,
-        # while the function's locals are its parameters alone: no hand-written tuple to keep in order
+        # the tensors (and options) are read by name from the function's locals() taken first
+        # thing, while they are its parameters alone: no hand-written tuple to keep in order
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
         body = tree.body[0].body
-        first = body[1] if isinstance(body[0], ast.Expr) else body[0]  # after the docstring
-        assert isinstance(first, ast.Assign) and first.targets[0].id == "tensors", fn.__name__
-        assert "arguments.gather_tensors(locals())" in ast.unparse(first.value), fn.__name__
+        first, second = body[1:3] if isinstance(body[0], ast.Expr) else body[0:2]  # after the docstring
+        assert ast.unparse(first) == "given = locals()", fn.__name__
+        assert ast.unparse(second).startswith("tensors = arguments.gather_tensors(given)"), fn.__name__
+        assert "CallOptions.gather(given" in ast.unparse(tree), fn.__name__
         assert not [node for node in ast.walk(tree) if isinstance(node, ast.Tuple) and len(node.elts) > 12], fn.__name__
         params = inspect.signature(fn).parameters
         assert all(name in params for name in arguments.TENSOR_ARGS), fn.__name__
@@ -116,3 +117,8 @@ def test_options_declared_once():
     # 1, 1.0 and True are equal in a tuple, but the plan key tells them apart
     a, b = call_options.CallOptions(scale=1), call_options.CallOptions(scale=1.0)
     assert a == b and a.key() != b.key()
+    # gathered by name from a call's locals(), as prefill does
+    values = {o.name: o.default for o in call_options.OPTIONS}
+    values.update(scale=0.5, gate="softplus", q=object())
+    got = call_options.CallOptions.gather(values, ("lens", (16,)))
+    assert got == call_options.CallOptions(scale=0.5, gate="softplus", hint=("lens", (16,)))
