@@ -131,7 +131,7 @@ def gold_of(x, cu):
 def errors(result, gold):
     """[output, final state] relative RMSE of `result` against `gold`. The benchmark computes the
     gold (gold_of) on every row, whatever its class and gate form, unless --no-accuracy; each
-    implementation timed on the row then gets its error column (measure.ERROR_COLUMNS)."""
+    implementation timed on the row then gets its error column (measure.measure)."""
     from ... import reference
 
     return [reference.rel_rmse(result[0], gold[0]), reference.rel_rmse(result[1], gold[1])]

@@ -55,8 +55,9 @@ def main(argv=None) -> int:
                              "(KDA_K2_KERNEL; the planner's pick is in the other columns)")
     parser.add_argument("--accurate", action="store_true",
                         help='also time numerics="accurate" (kernels mode) and its ratio to the default "flashkda"')
-    parser.add_argument("--no-accuracy", action="store_true", help="skip the float64 gold and the error columns (by default every row gets "
-                             "them, for kda-aot and each peer that runs on it)")
+    parser.add_argument("--no-accuracy", action="store_true",
+                        help="skip the float64 gold and the error columns (by default every row gets them, for "
+                             "kda-aot and each peer that runs on it)")
     parser.add_argument("--md", help="write the table as markdown to this file")
     parser.add_argument("--json", help="write the run as JSON to this file (after every row)")
     parser.add_argument("--json-append", action="store_true",
@@ -125,7 +126,8 @@ def main(argv=None) -> int:
               + (["accurate kernels ms", "accurate / flashkda"] if args.accurate else [])
               + ["FLA ms", "FlashKDA ms (this run)", "FlashKDA bitwise", "graph vs FlashKDA",
                  "FlashKDA ms (published, same H200 kind)", "cuDNN graph ms", "cuDNN eager ms", "cuDNN host us",
-                 "cuDNN note", "error kda-aot", "error cuDNN", "error FLA", "error FlashKDA", "host us eager / +seq_lens / given buffers"])
+                 "cuDNN note", "error kda-aot", "error cuDNN", "error FLA", "error FlashKDA",
+                 "host us eager / +seq_lens / given buffers"])
     rows = []
     if args.json and args.json_append and os.path.exists(args.json):
         with open(args.json) as f:
