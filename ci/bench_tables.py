@@ -43,7 +43,11 @@ MARKERS = {"BENCH:README": "README.md", "BENCH:TABLES": os.path.join("docs", "be
 FILES = tuple(dict.fromkeys(MARKERS.values()))
 # The uneven batch of FlashKDA's benchmark (kda_aot.bench.UNEVEN6), named "uneven6" in the tables.
 UNEVEN6 = [1300, 547, 2048, 963, 271, 3063]
-CLASS_NAMES = {"model": "model (FLA layer init)", "random": "random, N(0, 1)", "long": "long, g ~ N(-8, 1)"}
+# The input classes (kda_aot.bench's --gates) as the tables name them: the class, then what sets it
+# apart. "correlated": model's gates, one base key c per head with k = c + eps N(0, 1) (eps and the
+# beta logit are input_classes' CORRELATED_EPS and CORRELATED_BETA_LOGIT).
+CLASS_NAMES = {"model": "model (FLA layer init)", "random": "random, N(0, 1)", "long": "long, g ~ N(-8, 1)",
+               "correlated": "correlated, k = c + 0.05 N(0, 1), beta logit 6"}
 
 
 def load(path: str) -> dict:
@@ -122,8 +126,8 @@ def tables_block(data: dict) -> str:
     rows = data["rows"]
     lines = [provenance(data), "",
              "| H, sequences | gates | gate (g) | floor | kernels | eager | eager+seq_lens | graph | plan | FlashKDA "
-             "(bitwise) | FLA | cuDNN graph / eager (host us) | error o / state: kda-aot | cuDNN | FLA |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "(bitwise) | FLA | cuDNN graph / eager (host us) | error o / state: kda-aot | FlashKDA | cuDNN | FLA |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         fk = flashkda(row)
         if row.get("FlashKDA bitwise"):
@@ -139,10 +143,11 @@ def tables_block(data: dict) -> str:
             f"| {row['H']} {seqs(row)}", CLASS_NAMES.get(row["gates"], row["gates"]), gate,
             ms(row.get("floor ms")), ms(row.get("kernels ms")), ms(row.get("eager ms")),
             ms(row.get("eager+seq_lens ms")), ms(row.get("graph ms")), str(row.get("plan", "-")), fk,
-            ms(row.get("FLA ms")), cudnn, err(row.get("error kda-aot")), err(row.get("error cuDNN")),
-            err(row.get("error FLA"))]) + " |")
+            ms(row.get("FLA ms")), cudnn, err(row.get("error kda-aot")), err(row.get("error FlashKDA")),
+            err(row.get("error cuDNN")), err(row.get("error FLA"))]) + " |")
     lines += ["", "ms per call. Errors: relative RMSE of the output and the final state against the float64 gold "
-              "(bf16 final states for kda-aot and cuDNN, fp32 for FLA). uneven6: the six packed sequences "
+              "(bf16 final states for kda-aot, FlashKDA and cuDNN, fp32 for FLA), on every row of a run with "
+              "accuracy on, for each implementation timed on it. uneven6: the six packed sequences "
               f"{UNEVEN6} ({sum(UNEVEN6)} tokens). -: not measured on that row in this run (the notes say why)."]
     summary = ratio_lines(data)
     if summary:
@@ -175,7 +180,7 @@ def ratio_lines(data: dict) -> list:
             by_class.setdefault(row["gates"], []).append(row["cuDNN graph ms"] / row["graph ms"])
     if by_class:
         lines.append("cuDNN's engine against kda-aot (graph replay, the same gate form): " + "; ".join(
-            f"{span(r)}x kda-aot's time on {CLASS_NAMES.get(c, c)} gates" for c, r in by_class.items()) + ".")
+            f"{span(r)}x kda-aot's time on {CLASS_NAMES.get(c, c)} inputs" for c, r in by_class.items()) + ".")
     if data.get("copy_bandwidth_TBps"):
         lines.append(f"floor: the row's DRAM bytes at the device-to-device copy bandwidth of this run, "
                      f"{data['copy_bandwidth_TBps']:.2f} TB/s.")

@@ -44,8 +44,54 @@ def test_floor_bytes_counts_an_fp32_gate_twice():
 
 def test_suites_and_gate_choices():
     assert bench.SUITES["peers"] == bench.PEERS_SUITE and (64, bench.UNEVEN6) in bench.PEERS_SUITE
-    assert {"model", "random", "long"} == set(bench.GATE_CLASSES)
-    assert bench.shape_key(bench.UNEVEN6) == "uneven6" and bench.shape_key([6000, 2192]) == "6000+2192"
+    assert {"model", "random", "long", "correlated"} == set(bench.GATE_CLASSES)
+
+
+def test_every_gate_class_is_an_input_class_with_a_table_name():
+    import importlib.util
+    from pathlib import Path
+
+    from kda_aot.references import input_classes
+
+    assert set(bench.GATE_CLASSES) <= set(input_classes.CLASSES)
+    spec = importlib.util.spec_from_file_location(
+        "bench_tables", Path(__file__).resolve().parents[2] / "ci" / "bench_tables.py")
+    bt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bt)
+    assert set(bench.GATE_CLASSES) <= set(bt.CLASS_NAMES)
+    # the correlated label states the class's defaults
+    label = bt.CLASS_NAMES["correlated"]
+    assert f"{input_classes.CORRELATED_EPS:g} N(0, 1)" in label
+    assert f"beta logit {input_classes.CORRELATED_BETA_LOGIT:g}" in label
+
+
+def test_the_correlated_class_is_a_gates_choice(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as exit_:  # an unknown choice would exit 2 before --help
+        bench.main(["--gates", "model", "random", "correlated", "--help"])
+    assert exit_.value.code == 0 and "correlated" in capsys.readouterr().out
+
+
+def test_each_gate_class_draws_every_gate_form_as_class_cases_does():
+    """class_cases' draws, on the CPU: one draw per class, regated into each form (the device part
+    is to_device's cast)."""
+    import numpy as np
+
+    from kda_aot.references import input_classes
+
+    lens = [40, 24]
+    for cls in bench.GATE_CLASSES:
+        base = input_classes.make_class_inputs(cls, 1, sum(lens), 2, gate="safe", seed=0, state="bf16",
+                                               n_states=len(lens))
+        for form in bench.GATE_FORMS:
+            x = input_classes.regate(base, form, seed=0) if form != "safe" else base
+            assert x["k"] is base["k"] and x["initial_state"].shape == (2, 2, 128, 128)
+            assert np.isfinite(x["g"]).all()
+    corr = input_classes.make_class_inputs("correlated", 1, 64, 2, seed=0)
+    k = corr["k"][0].astype(np.float64)  # [T, H, D]: nearly parallel along T in each head
+    cos = np.einsum("thd,hd->th", k, k[0]) / (np.linalg.norm(k, axis=-1) * np.linalg.norm(k[0], axis=-1))
+    assert cos.min() > 0.99 and (corr["beta"] == input_classes.CORRELATED_BETA_LOGIT).all()
 
 
 def test_the_gate_arguments_of_a_case():

@@ -35,7 +35,11 @@ RUN = {"format": 2, "machine": "NVIDIA H200", "date": "2026-12-02", "kda_aot": "
            {"H": 8, "sequences": "6000+2192", "gates": "random", "gate": "safe", "graph ms": 0.143,
             "FlashKDA ms (published, same H200 kind)": 0.84, "cuDNN eager ms": 0.5},
            {"H": 8, "sequences": "uneven6", "gates": "long", "gate": "log_decay", "g dtype": "float32",
-            "graph ms": 0.15}]}
+            "graph ms": 0.15},
+           {"H": 64, "sequences": "8192", "gates": "correlated", "gate": "safe", "g dtype": "bfloat16",
+            "graph ms": 0.584, "FlashKDA ms (this run)": 1.213, "FlashKDA bitwise": "no: earlier recipe",
+            "cuDNN graph ms": 2.4, "cuDNN eager ms": 2.42, "error kda-aot": [2.1e-2, 1.5e-2],
+            "error FlashKDA": [3.4e-1, 2.2e-1], "error cuDNN": [2.5e-2, 1.8e-2], "error FLA": [2.0e-2, 1.1e-2]}]}
 
 
 def test_the_repository_matches_its_json():
@@ -47,7 +51,9 @@ def test_readme_block_holds_the_safe_gate_rows_per_class():
     lines = block.splitlines()
     assert lines[2] == "| 64 [8192] | model (FLA layer init) | 0.583 | 1.212 | 3.100 | 2.389 |"
     assert lines[3] == "| 8 [6000, 2192] | random, N(0, 1) | 0.143 | 0.840 (published) | - | 0.500 (eager) |"
-    assert len([l for l in lines if l.startswith("| ") and "---" not in l]) == 3  # header + the two safe rows
+    assert lines[4] == ("| 64 [8192] | correlated, k = c + 0.05 N(0, 1), beta logit 6 | 0.584 | 1.213 | - "
+                        "| 2.400 |")
+    assert len([l for l in lines if l.startswith("| ") and "---" not in l]) == 4  # header + the three safe rows
     assert "NVIDIA H200, 2026-12-02, kda-aot 0.1.0" in block and "FLA 0.6.0, flashinfer 0.7.2.post1" in block
     assert "FlashKDA None" not in block
 
@@ -55,8 +61,13 @@ def test_readme_block_holds_the_safe_gate_rows_per_class():
 def test_tables_block_holds_every_row_errors_notes_and_host_cost():
     block = bt.tables_block(bt.load_data(RUN))
     assert ("| 64 [8192] | model (FLA layer init) | safe (bfloat16) | 0.159 | 0.583 | 0.590 | 0.588 | 0.583 | serial "
-            "| 1.212 (yes) | 3.100 | 2.389 / 2.410 (612) | 5.70e-03 / 3.10e-03 | 5.20e-03 / 2.00e-03 "
+            "| 1.212 (yes) | 3.100 | 2.389 / 2.410 (612) | 5.70e-03 / 3.10e-03 | - | 5.20e-03 / 2.00e-03 "
             "| 4.90e-03 / 1.00e-04 |") in block
+    # the correlated class: every implementation's error, FlashKDA's beside kda-aot's
+    assert ("| 64 [8192] | correlated, k = c + 0.05 N(0, 1), beta logit 6 | safe (bfloat16) | - | - | - | - | 0.584 "
+            "| - | 1.213 (no: earlier recipe) | - | 2.400 / 2.420 | 2.10e-02 / 1.50e-02 | 3.40e-01 / 2.20e-01 "
+            "| 2.50e-02 / 1.80e-02 | 2.00e-02 / 1.10e-02 |") in block
+    assert "on correlated, k = c + 0.05 N(0, 1), beta logit 6 inputs" in block
     assert "| 8 uneven6 | long, g ~ N(-8, 1) | log_decay (float32) |" in block
     assert "- cuDNN: gate='softplus': not served" in block and "- FlashKDA is not importable" in block
     assert "| serial, dense, outputs allocated | 31.2 |" in block

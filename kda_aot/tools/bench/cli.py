@@ -3,20 +3,22 @@ chunk_kda, FlashKDA (`flash_kda`, built from its public source; its output is ch
 against ours where it computes the stable-inverse recipe, flashkda_has_stable_inverse) and cuDNN's
 Hopper KDA engine (through flashinfer's cuDNN path).
 
-    python -m kda_aot.bench [--suite peers|serial|cp|large|all] [--gates model random long]
+    python -m kda_aot.bench [--suite peers|serial|cp|large|all] [--gates model random long correlated]
                             [--gate-forms safe softplus log_decay] [--iters 100] [--warmup 20]
                             [--json FILE [--json-append]] [--md FILE] [--accurate] [--no-accuracy]
                             [--value-split S ...] [--k2-kernel k2|regstate ...]
 
 Method (docs/benchmarks.md): each shape runs on the input classes of kda_aot/references/input_classes.py named
 by --gates ("model": A_log and dt_bias as FLA's KimiDeltaAttention initialises them, long memory;
-"random": N(0, 1) gates that forget within tens of tokens; "long": g ~ N(-8, 1)), in each gate form
-of --gate-forms ("safe": the bounded sigmoid gate; "softplus"; "log_decay": the safe gate's
-log-decays given as an fp32 g), bf16 initial and final state, median of `iters` CUDA-event timings
-after `warmup` calls. The memory floor is the bytes prefill must move (q, k, v, g, out, beta,
-states) over the device-to-device copy bandwidth measured in the same run. Accuracy: relative RMSE
-of the output and final state against the float64 gold (kda_aot.reference.gold_prefill). Needs
-torch and a Hopper GPU.
+"random": N(0, 1) gates that forget within tens of tokens; "long": g ~ N(-8, 1); "correlated":
+model's gates with nearly parallel keys, k = c + 0.05 N(0, 1) per head, and beta logits 6, the hard
+case for the intra-chunk solve), in each gate form of --gate-forms ("safe": the bounded sigmoid
+gate; "softplus"; "log_decay": the safe gate's log-decays given as an fp32 g), bf16 initial and
+final state, median of `iters` CUDA-event timings after `warmup` calls. The memory floor is the
+bytes prefill must move (q, k, v, g, out, beta, states) over the device-to-device copy bandwidth
+measured in the same run. Accuracy: relative RMSE of the output and final state against the
+float64 gold (kda_aot.reference.gold_prefill), computed on every row unless --no-accuracy, for
+kda-aot and for each peer that runs on the row. Needs torch and a Hopper GPU.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kda_aot.bench", description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--suite", choices=tuple(SUITES), default="peers")
     parser.add_argument("--gates", nargs="+", choices=GATE_CLASSES, default=["model", "random"],
-                        help="input classes of kda_aot/references/input_classes.py, each shape runs on each")
+                        help="input classes of kda_aot/references/input_classes.py, each shape runs on each "
+                             "(correlated: nearly parallel keys, large beta, model's gates)")
     parser.add_argument("--gate-forms", nargs="+", choices=GATE_FORMS, default=["safe", "softplus", "log_decay"],
                         help="gate forms of kda_aot.prefill; forms other than safe time kda-aot, FLA and cuDNN only")
     parser.add_argument("--shapes", nargs="+", default=None, metavar="H:LENS",
@@ -52,7 +55,9 @@ def main(argv=None) -> int:
                              "(KDA_K2_KERNEL; the planner's pick is in the other columns)")
     parser.add_argument("--accurate", action="store_true",
                         help='also time numerics="accurate" (kernels mode) and its ratio to the default "flashkda"')
-    parser.add_argument("--no-accuracy", action="store_true", help="skip the float64 gold and the error columns")
+    parser.add_argument("--no-accuracy", action="store_true",
+                        help="skip the float64 gold and the error columns (by default every row gets them, for "
+                             "kda-aot and each peer that runs on it)")
     parser.add_argument("--md", help="write the table as markdown to this file")
     parser.add_argument("--json", help="write the run as JSON to this file (after every row)")
     parser.add_argument("--json-append", action="store_true",
@@ -121,7 +126,8 @@ def main(argv=None) -> int:
               + (["accurate kernels ms", "accurate / flashkda"] if args.accurate else [])
               + ["FLA ms", "FlashKDA ms (this run)", "FlashKDA bitwise", "graph vs FlashKDA",
                  "FlashKDA ms (published, same H200 kind)", "cuDNN graph ms", "cuDNN eager ms", "cuDNN host us",
-                 "cuDNN note", "error kda-aot", "error cuDNN", "error FLA", "host us eager / +seq_lens / given buffers"])
+                 "cuDNN note", "error kda-aot", "error cuDNN", "error FLA", "error FlashKDA",
+                 "host us eager / +seq_lens / given buffers"])
     rows = []
     if args.json and args.json_append and os.path.exists(args.json):
         with open(args.json) as f:

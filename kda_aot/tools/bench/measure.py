@@ -12,7 +12,13 @@ from .timing import host_us, host_us_each, time_ms
 
 
 def measure(args, H, lens, cls, form, x, cu, out, final, bw, sms, splits) -> dict:
-    """One row: kda-aot's modes, then the peers, then the errors against the float64 gold."""
+    """One row: kda-aot's modes, then the peers, each with its error against the float64 gold.
+
+    The gold (cases.gold_of) is computed on every row, of every class and gate form, unless
+    --no-accuracy: then no error column is filled. With it, kda-aot's error is filled on every
+    row and each peer's wherever that peer runs (FlashKDA on the safe gate, cuDNN's engine on the
+    forms it serves, FLA unless --no-fla); on the correlated class these are the columns that
+    tell the recipes apart."""
     import torch
 
     import kda_aot
@@ -54,6 +60,8 @@ def measure(args, H, lens, cls, form, x, cu, out, final, bw, sms, splits) -> dic
         if fk:
             row["FlashKDA ms (this run)"] = time_ms(fk[0], args.iters, args.warmup)
             row["FlashKDA bitwise"] = "yes" if fk[1] else ("NO" if flashkda_stable() else "no: earlier recipe")
+            if gold is not None:  # its buffers hold its result of the bitwise check
+                row["error FlashKDA"] = errors(fk[2], gold)
             row["graph vs FlashKDA"] = f"{row['FlashKDA ms (this run)'] / row['graph ms']:.2f}x"
         if cls == "random":  # FlashKDA's published times are on N(0, 1) inputs
             row["FlashKDA ms (published, same H200 kind)"] = FLASHKDA_MS.get((H, key))

@@ -82,8 +82,9 @@ def cudnn_runner(x, cu):
 def flashkda_runner(x, cu, H, ours):
     """FlashKDA's own forward (the `flash_kda` package, when a build of it is importable) on the
     same inputs, called as its users call it: device int64 cu_seqlens, bf16 states. Returns
-    (run, bitwise) where `bitwise` says whether its output and final state equal `ours` (our
-    (out, final_state) on these inputs) bit for bit, the correctness contract; None without FlashKDA."""
+    (run, bitwise, (out, final)) where `bitwise` says whether its output and final state equal
+    `ours` (our (out, final_state) on these inputs) bit for bit, the correctness contract, and
+    out, final are the buffers run() writes (its result, for the error column); None without FlashKDA."""
     try:
         import flash_kda
     except Exception:
@@ -108,7 +109,7 @@ def flashkda_runner(x, cu, H, ours):
         return None
     bitwise = bool(torch.equal(out.view(torch.int16), ours[0].view(torch.int16))
                    and torch.equal(final.view(torch.int16), ours[1].view(torch.int16)))
-    return run, bitwise
+    return run, bitwise, (out, final)
 
 
 # The stable recipe measures about 2e-2 on flashkda_has_stable_inverse's input, the Neumann one 0.3
