@@ -41,9 +41,6 @@ class Checkpoints(NamedTuple):
     index: Any
 
 
-_OUT, _FINAL, _WORKSPACE, _CHECKPOINTS, _CHECKPOINT_INDEX = (
-    SLOT[name] for name in ("out", "final_state", "workspace", "checkpoints", "checkpoint_index"))
-
 # CallPlans by key (shapes, dtypes, devices, scalars, options; never a pointer or a caller's object).
 _PLANS: dict = {}
 _PLANS_LOCK = threading.Lock()
@@ -210,27 +207,30 @@ def _launch(plan: CallPlan, torch, tensors, ptrs, handle, stream, output_final_s
     problem = plan.problem
     q = tensors[0]
     handle = arguments.call_stream(torch, stream, problem.device_id) if torch is not None else handle
-    out, final_state, checkpoints = tensors[_OUT], tensors[_FINAL], tensors[_CHECKPOINTS]
-    o, fs, ws_obj, ck, ck_index = _allocate(torch, q, plan, out, final_state, tensors[_WORKSPACE], handle, stream,
-                                            checkpoints, tensors[_CHECKPOINT_INDEX])
-    # A given buffer's pointer is in ptrs already (the intake read it): only what _allocate made is
-    # read here (the serving call gives every buffer, and skips these reads).
-    ptr = frameworks.data_ptr if torch is None else _torch_ptr
-    if o is not out:
-        ptrs[_OUT] = ptr(o, "out")
-    if fs is not final_state:
-        ptrs[_FINAL] = ptr(fs, "final_state")
-    if ck is not checkpoints:
-        ptrs[_CHECKPOINTS] = ptr(ck, "checkpoints")
-    if ck_index is not tensors[_CHECKPOINT_INDEX]:
-        ptrs[_CHECKPOINT_INDEX] = ptr(ck_index, "checkpoint_index")
-    if ws_obj is not None:  # a torch workspace made here
-        ptrs[_WORKSPACE] = ws_obj.data_ptr()
+    o, fs, ws_obj, ck, ck_index = _allocate(torch, q, plan, tensors[SLOT["out"]], tensors[SLOT["final_state"]],
+                                            tensors[SLOT["workspace"]], handle, stream, tensors[SLOT["checkpoints"]],
+                                            tensors[SLOT["checkpoint_index"]])
+    if torch is not None:
+        ptrs[SLOT["out"]] = o.data_ptr()
+        if fs is not None:
+            ptrs[SLOT["final_state"]] = fs.data_ptr()
+        if ws_obj is not None:
+            ptrs[SLOT["workspace"]] = ws_obj.data_ptr()
+        if ck is not None:
+            ptrs[SLOT["checkpoints"]] = ck.data_ptr()
+            ptrs[SLOT["checkpoint_index"]] = ck_index.data_ptr()
+    else:
+        ptrs[SLOT["out"]] = frameworks.data_ptr(o, "out")
+        if fs is not None:
+            ptrs[SLOT["final_state"]] = frameworks.data_ptr(fs, "final_state")
+        if ck is not None:
+            ptrs[SLOT["checkpoints"]] = frameworks.data_ptr(ck, "checkpoints")
+            ptrs[SLOT["checkpoint_index"]] = frameworks.data_ptr(ck_index, "checkpoint_index")
     ptrs.append(handle)
     program = plan.launch.program
     if torch is None and not plan.workspace_given and plan.workspace_bytes:
         with ARENA.lease(problem.device_id, handle, plan.workspace_bytes) as base:
-            ptrs[_WORKSPACE] = base
+            ptrs[SLOT["workspace"]] = base
             program.run(pack_inputs(ptrs))
     else:
         program.run(pack_inputs(ptrs))
@@ -239,10 +239,6 @@ def _launch(plan: CallPlan, torch, tensors, ptrs, handle, stream, output_final_s
     if ck is not None:
         return o, (fs if output_final_state else None), Checkpoints(ck, ck_index)
     return o, (fs if output_final_state else None)
-
-
-def _torch_ptr(t, name: str) -> int:
-    return t.data_ptr()
 
 
 def _allocate(torch, q, plan: CallPlan, out, final_state, workspace, handle: int, stream, checkpoints=None,

@@ -39,8 +39,7 @@ def intake(tensors: tuple, stream, output_final_state, validate, seq_lens, cu_se
     state_pool = tensors[_STATE_POOL]
     if tensors[_FINAL_STATE] is not None and not output_final_state:
         raise ValueError("final_state: a buffer was given but output_final_state=False")
-    if state_pool is not None:
-        check_pool_options(state_pool, output_final_state)
+    check_pool_options(state_pool, output_final_state)
     if validate not in VALIDATE_MODES:
         raise ValueError(f"validate: expected 'device' or 'host', got {validate!r}")
     torch, sig, ptrs, descs, handle = read(tensors, stream)
