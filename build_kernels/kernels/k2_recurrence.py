@@ -83,7 +83,7 @@ from .common.recurrence_common import (HEAD_ROW_BYTES, K2_OFF_BSIG, K2_OFF_GT, K
                                        solve_u_fragment_accurate, state_f32_step, state_words_step, v_stride,
                                        wait_stage_full)
 from .. import shared_constants as ABI_CONSTANTS
-from .common.state_io import checkpoint_target, checkpoint_targets, k2_state_slots, sequence_start_of
+from .common.state_io import checkpoint_origin, checkpoint_target, k2_state_slots
 from .common.tile_ops import D
 
 
@@ -377,12 +377,7 @@ class K2Recurrence:
         region = sstate.toint() + w * (NW * D * 2)
         col0 = vblk * VB + w * NW  # first global value column of this warp
         state_base = (Int64(n) * H64 + h64) * Int64(D * D)  # element index of state[n, h, 0, 0]
-        ck_base = seq.tok0  # checkpoints count tokens from the start of the CTA's sequence
-        ck_seq = n
-        if cutlass.const_expr(cfg.ext and cfg.segmented):
-            ck_base, ck_seq = sequence_start_of(seq.tok0, p.ck_ptr, p.mSeqStart, p.n_real)
-        if cutlass.const_expr(cfg.ext):
-            ck_targets = checkpoint_targets(p.ck_ptr, p.ck_tab, p.ck_k, ck_seq)
+        ck_base, ck_targets = checkpoint_origin(cfg, seq, n, p)  # where checkpoints count from
 
         # lane offsets (bytes)
         off_a = lane * 16  # A operand from a raw image: base + 512 kb + 16 lane

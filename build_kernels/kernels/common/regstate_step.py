@@ -20,7 +20,7 @@ from .ptx_ops import (add_rn, fma_rn, ldg_b32, ldg_b32_if, ldg_f32_pair_bf16_if,
 from .recurrence_common import (HEAD_ROW_BYTES, K2_OFF_BSIG, K2_OFF_GT, K2_OFF_INV, K2_OFF_KD, K2_OFF_KR,
                                 K2_OFF_MQK, K2_OFF_QD, K2_OFF_V, K2Params, SequenceTiles, k2_stage_bytes, lds_bsig,
                                 v_stride, wait_stage_full)
-from .state_io import checkpoint_run_target, checkpoint_runs, checkpoint_targets, sequence_start_of
+from .state_io import checkpoint_origin, checkpoint_run_target, checkpoint_runs
 from .tile_ops import D
 
 # The stage is K2's (recurrence_common, K2_OFF_*), K1's images as they are. Kd and Qd are K-major
@@ -222,12 +222,7 @@ def mma_warpgroups(cfg, p: K2Params, seq: SequenceTiles, warp: Int32, lane: Int3
     wg, wl, g, q, r0, col_wg, state_base, off_sq = _lane_layout(warp, lane, vblk, n, h64, H64, VB)
     zero = Float32(0.0)
 
-    ck_base = seq.tok0  # checkpoints count tokens from the start of the CTA's sequence
-    ck_seq = n
-    if cutlass.const_expr(cfg.ext and cfg.segmented):
-        ck_base, ck_seq = sequence_start_of(seq.tok0, p.ck_ptr, p.mSeqStart, p.n_real)
-    if cutlass.const_expr(cfg.ext):
-        ck_targets = checkpoint_targets(p.ck_ptr, p.ck_tab, p.ck_k, ck_seq)
+    ck_base, ck_targets = checkpoint_origin(cfg, seq, n, p)  # where checkpoints count from
 
     # -------- Q6 entry: the state as Q1's A fragments, a_s[4 kb + e]; bf(initial) or 0
     if cutlass.const_expr(cfg.ext and not cfg.segmented):

@@ -221,3 +221,16 @@ def sequence_start_of(tok0: Int32, ck_ptr: Int64, mSeqStart: cute.Tensor, n_real
                     pos = cand
         base = mSeqStart[pos]
     return base, pos
+
+
+def checkpoint_origin(cfg, seq, n, p):
+    """(ck_base, ck_targets) of a K2 CTA, both K2 kernels' start of their checkpoint stores: the
+    token their checkpoints count from (the CTA's own start, or its sequence's for a segment of a
+    CP call) and, with state I/O by slot (cfg.ext), the sequence's checkpoint targets
+    (checkpoint_targets; None without). Plain Python, run while the kernel is traced, so its
+    branches are compile-time like the kernel's own (cfg: the kernel's config, seq: its span, n: its
+    sequence, p: its parameters)."""
+    ck_base, ck_seq = seq.tok0, n
+    if cfg.ext and cfg.segmented:
+        ck_base, ck_seq = sequence_start_of(seq.tok0, p.ck_ptr, p.mSeqStart, p.n_real)
+    return ck_base, (checkpoint_targets(p.ck_ptr, p.ck_tab, p.ck_k, ck_seq) if cfg.ext else None)
