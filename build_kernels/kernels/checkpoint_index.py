@@ -16,21 +16,15 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
+from .common.table_kernel import TableKernel
 from .common.tile_ops import await_previous_grid
 
 THREADS = 256
 
 
-class CheckpointIndex:
+class CheckpointIndex(TableKernel):
     """The checkpoint index kernel (registry entry checkpoint_index); CheckpointIndexListed is the
     mode of a call that runs its listed sequences only."""
-
-    listed = False
-
-    def __str__(self):
-        """What the kernel's PTX symbol spells for this object (the DSL spells a kernel method's
-        symbol from its object)."""
-        return type(self).__name__
 
     @cute.jit
     def __call__(self, seq_start: cute.Pointer, checkpoint_index: cute.Pointer, n_seq: Int32, n_slots: Int32,

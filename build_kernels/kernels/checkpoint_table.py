@@ -17,19 +17,15 @@ import cuda.bindings.driver as cuda
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
+from .common.table_kernel import TableKernel
 from .common.tile_ops import CHUNK, await_previous_grid
 
 THREADS = 256
 
 
-class CheckpointTable:
+class CheckpointTable(TableKernel):
     """The checkpoint table kernel (registry entry checkpoint_table); no static configuration (the
     offsets' integer type is the pointer's)."""
-
-    def __str__(self):
-        """What the kernel's PTX symbol spells for this object (the DSL spells a kernel method's
-        symbol from its object)."""
-        return type(self).__name__
 
     @cute.jit
     def __call__(self, checkpoint_offsets: cute.Pointer, checkpoint_slots: cute.Pointer, seq_start: cute.Pointer,

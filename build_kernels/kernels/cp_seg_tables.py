@@ -32,6 +32,7 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64
 
 from .common.listed_sequences import ListedMode, mark_listed
+from .common.table_kernel import TableKernel
 from .common.tile_ops import CHUNK, await_previous_grid, block_scan, clamp_token, tile_count
 
 THREADS = 256
@@ -68,18 +69,12 @@ def _tables(seg_start, seg_prefix, scan_seg, seg_first, seg_count, final_slot, n
                      cute.make_tensor(seg_count, per_seq), cute.make_tensor(final_slot, per_seg))
 
 
-class CpSegTables:
+class CpSegTables(TableKernel):
     """The CP segment tables from cu_seqlens (registry entry cp_seg_tables_varlen); CpSegTablesDense
     is the dense mode, CpSegTablesListed the mode of a call that runs its listed sequences only.
     The static choices are `dense` (no cu_seqlens, every sequence t_total long) and `listed`."""
 
     dense = False
-    listed = False
-
-    def __str__(self):
-        """What the kernel's PTX symbol spells for this object (the DSL spells a kernel method's
-        symbol from its object)."""
-        return type(self).__name__
 
     @cute.jit
     def __call__(self, cu_seqlens: cute.Pointer, seg_start: cute.Pointer, seg_prefix: cute.Pointer,

@@ -37,6 +37,7 @@ from cutlass import Int32, Int64
 
 from .common.listed_sequences import ListedMode, mark_listed
 from .common.ptx_ops import atom_add_shared, ldg_b32, lds_b32, stg_b32, sts_b32
+from .common.table_kernel import TableKernel
 from .common.tile_ops import CHUNK, await_previous_grid, block_scan, clamp_token, tile_count
 
 THREADS = 256
@@ -88,19 +89,13 @@ def longest_first_order(mPrefix: cute.Tensor, order_ptr: Int64, n_seq: Int32, ti
             stg_b32(order_ptr + Int64(place) * 4, i)
 
 
-class SeqTablesVarlen:
+class SeqTablesVarlen(TableKernel):
     """The sequence tables from cu_seqlens (registry entry seq_tables_varlen): clamped, and K2's
     longest-first dispatch order when seq_order is given (module docstring). No static
     configuration (cu_seqlens' integer type is the pointer's); SeqTablesListed is the mode of a
     call that runs its listed sequences only."""
 
     dense = False
-    listed = False
-
-    def __str__(self):
-        """What the kernel's PTX symbol spells for this object (the DSL spells a kernel method's
-        symbol from its object)."""
-        return type(self).__name__
 
     @cute.jit
     def __call__(self, cu_seqlens: cute.Pointer, seq_start: cute.Pointer, tile_prefix: cute.Pointer,
@@ -203,14 +198,9 @@ class SeqTablesListed(ListedMode, SeqTablesVarlen):
             grid=(1, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True)
 
 
-class SeqTablesDense:
+class SeqTablesDense(TableKernel):
     """The sequence tables of a dense [B, T] input (registry entry seq_tables_dense): B sequences of
     seq_len tokens each."""
-
-    def __str__(self):
-        """What the kernel's PTX symbol spells for this object (the DSL spells a kernel method's
-        symbol from its object)."""
-        return type(self).__name__
 
     @cute.jit
     def __call__(self, seq_start: cute.Pointer, tile_prefix: cute.Pointer, n_seq: Int32, seq_len: Int32,

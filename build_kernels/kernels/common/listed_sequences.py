@@ -17,8 +17,10 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
+from .table_kernel import TableKernel
 
-class ListedMode:
+
+class ListedMode(TableKernel):
     """The listed mode of a table kernel class, mixed in before it: the `listed` flag its kernel
     tests under const_expr, and the one static choice, `dense` (no cu_seqlens) or varlen, which
     the PTX symbol spells."""
