@@ -146,19 +146,25 @@ def _literal(value) -> str:
     return f'"{value}"' if isinstance(value, str) else repr(value)
 
 
+def _first_defaulted(args) -> int:
+    """Where an operator's defaulted arguments begin: at its first option (a schema's defaulted
+    arguments are its last ones; the dispatcher leaves trailing defaults out of its call)."""
+    return next(i for i, name in enumerate(args) if name in SCHEMA_TYPES)
+
+
 def op_schema(op: str) -> str:
     """The operator's schema: a tensor is optional unless required, written ones carry an alias
     (named a<position>, as torch names those it infers), and every argument from the first option
     on has a default (the option's, None for a tensor)."""
-    spec, parts, defaulted = OPS[op], [], False
+    spec, parts = OPS[op], []
+    first_defaulted = _first_defaulted(spec.args)
     for i, name in enumerate(spec.args):
         if name in SCHEMA_TYPES:
-            defaulted = True
             parts.append(f"{SCHEMA_TYPES[name]} {name}={_literal(DEFAULTS[name])}")
             continue
         required = name in spec.required or (name in _TENSORS and _TENSORS[name].required)
         alias = f"(a{i}!)" if _written(name) else ""
-        parts.append(f"Tensor{alias}{'' if required else '?'} {name}{'=None' if defaulted else ''}")
+        parts.append(f"Tensor{alias}{'' if required else '?'} {name}{'=None' if i >= first_defaulted else ''}")
     return f"({', '.join(parts)}) -> {spec.returns}"
 
 
@@ -166,7 +172,7 @@ def _binder(op: str):
     """Names the operator's arguments as the dispatcher passes them (positionally, less the trailing
     ones left at their defaults), defaults filled: kda_aot.prefill's keywords."""
     args = OPS[op].args
-    defaults = {name: DEFAULTS.get(name) for name in args[args.index("lower_bound"):]}
+    defaults = {name: DEFAULTS.get(name) for name in args[_first_defaulted(args):]}
 
     def bind(values, kwargs) -> dict:
         named = dict(defaults)

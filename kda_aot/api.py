@@ -201,36 +201,40 @@ def _remember(key, plan: CallPlan) -> None:
 # ---------------------------------------------------------------------------------------------
 # launch and allocation
 
+# the pointer slots _launch fills, read once here rather than by name on every call
+_OUT, _FINAL_STATE, _WORKSPACE, _CHECKPOINTS, _CHECKPOINT_INDEX = (
+    SLOT[n] for n in ("out", "final_state", "workspace", "checkpoints", "checkpoint_index"))
+
 def _launch(plan: CallPlan, torch, tensors, ptrs, handle, stream, output_final_state) -> Tuple[Any, ...]:
     """Allocate what the caller did not pass, complete the pointer vector, run the plan's program
     (one native call) and hand the outputs back in the caller's framework."""
     problem = plan.problem
     q = tensors[0]
     handle = arguments.call_stream(torch, stream, problem.device_id) if torch is not None else handle
-    o, fs, ws_obj, ck, ck_index = _allocate(torch, q, plan, tensors[SLOT["out"]], tensors[SLOT["final_state"]],
-                                            tensors[SLOT["workspace"]], handle, stream, tensors[SLOT["checkpoints"]],
-                                            tensors[SLOT["checkpoint_index"]])
+    o, fs, ws_obj, ck, ck_index = _allocate(torch, q, plan, tensors[_OUT], tensors[_FINAL_STATE],
+                                            tensors[_WORKSPACE], handle, stream, tensors[_CHECKPOINTS],
+                                            tensors[_CHECKPOINT_INDEX])
     if torch is not None:
-        ptrs[SLOT["out"]] = o.data_ptr()
+        ptrs[_OUT] = o.data_ptr()
         if fs is not None:
-            ptrs[SLOT["final_state"]] = fs.data_ptr()
+            ptrs[_FINAL_STATE] = fs.data_ptr()
         if ws_obj is not None:
-            ptrs[SLOT["workspace"]] = ws_obj.data_ptr()
+            ptrs[_WORKSPACE] = ws_obj.data_ptr()
         if ck is not None:
-            ptrs[SLOT["checkpoints"]] = ck.data_ptr()
-            ptrs[SLOT["checkpoint_index"]] = ck_index.data_ptr()
+            ptrs[_CHECKPOINTS] = ck.data_ptr()
+            ptrs[_CHECKPOINT_INDEX] = ck_index.data_ptr()
     else:
-        ptrs[SLOT["out"]] = frameworks.data_ptr(o, "out")
+        ptrs[_OUT] = frameworks.data_ptr(o, "out")
         if fs is not None:
-            ptrs[SLOT["final_state"]] = frameworks.data_ptr(fs, "final_state")
+            ptrs[_FINAL_STATE] = frameworks.data_ptr(fs, "final_state")
         if ck is not None:
-            ptrs[SLOT["checkpoints"]] = frameworks.data_ptr(ck, "checkpoints")
-            ptrs[SLOT["checkpoint_index"]] = frameworks.data_ptr(ck_index, "checkpoint_index")
+            ptrs[_CHECKPOINTS] = frameworks.data_ptr(ck, "checkpoints")
+            ptrs[_CHECKPOINT_INDEX] = frameworks.data_ptr(ck_index, "checkpoint_index")
     ptrs.append(handle)
     program = plan.launch.program
     if torch is None and not plan.workspace_given and plan.workspace_bytes:
         with ARENA.lease(problem.device_id, handle, plan.workspace_bytes) as base:
-            ptrs[SLOT["workspace"]] = base
+            ptrs[_WORKSPACE] = base
             program.run(pack_inputs(ptrs))
     else:
         program.run(pack_inputs(ptrs))

@@ -39,7 +39,8 @@ def intake(tensors: tuple, stream, output_final_state, validate, seq_lens, cu_se
     state_pool = tensors[_STATE_POOL]
     if tensors[_FINAL_STATE] is not None and not output_final_state:
         raise ValueError("final_state: a buffer was given but output_final_state=False")
-    check_pool_options(state_pool, output_final_state)
+    if state_pool is not None:
+        check_pool_options(state_pool, output_final_state)
     if validate not in VALIDATE_MODES:
         raise ValueError(f"validate: expected 'device' or 'host', got {validate!r}")
     torch, sig, ptrs, descs, handle = read(tensors, stream)
@@ -122,19 +123,20 @@ def torch_intake(Tensor, tensors):
     tensor (the DLPack intake then reads every argument). The signature is everything the wall
     checks of a tensor except its address: dtype, shape, layout (True for a contiguous tensor, else
     its strides: strided views plan with their strides), device, and the neg bit (a neg view's
-    memory holds the un-negated values). Flat, with None for an absent argument: each attribute
-    read costs a few hundred nanoseconds on a serving host, nested tuples more, so the strides are
-    read only for a tensor that is not contiguous."""
+    memory holds the un-negated values), a tuple per argument, None for an absent one. Each
+    attribute read costs 50-90 ns on a serving host, so the strides are read only for a tensor that
+    is not contiguous; a plain torch.Tensor skips isinstance (a tuple per tensor and the type test
+    measured 0.4 us a call below one flat list, ci/host_path_cpu.py, 12 tensors)."""
     sig, ptrs = [], []
     for t in tensors:
         if t is None:
             sig.append(None)
             ptrs.append(0)
-        elif not isinstance(t, Tensor):
-            return None
-        else:
-            sig += (t.dtype, t.shape, t.is_contiguous() or t.stride(), t.get_device(), t.is_neg())
+        elif type(t) is Tensor or isinstance(t, Tensor):
+            sig.append((t.dtype, t.shape, t.is_contiguous() or t.stride(), t.get_device(), t.is_neg()))
             ptrs.append(t.data_ptr())
+        else:
+            return None
     return tuple(sig), ptrs
 
 
