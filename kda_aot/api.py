@@ -205,6 +205,7 @@ def _remember(key, plan: CallPlan) -> None:
 _OUT, _FINAL_STATE, _WORKSPACE, _CHECKPOINTS, _CHECKPOINT_INDEX = (
     SLOT[n] for n in ("out", "final_state", "workspace", "checkpoints", "checkpoint_index"))
 
+
 def _launch(plan: CallPlan, torch, tensors, ptrs, handle, stream, output_final_state) -> Tuple[Any, ...]:
     """Allocate what the caller did not pass, complete the pointer vector, run the plan's program
     (one native call) and hand the outputs back in the caller's framework."""

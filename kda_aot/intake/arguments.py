@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import operator
 import sys
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence
 
 import numpy as np
 
