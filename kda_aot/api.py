@@ -18,6 +18,7 @@ from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
 
 from ._version import __version__
 from .intake import arguments, frameworks, pending
+from .intake.by_name import reads_by_name
 from .intake.tensors import TensorDesc
 from .intake.validation import ALIGNMENT, check_call, extent_bytes, hint_lengths
 from .library import streams
@@ -27,7 +28,7 @@ from .plan import call_plan
 from .plan.call_plan import CallPlan, UnsafePointers
 from .plan.program import SLOT, pack_inputs
 from .plan.workspace import ARENA
-from .spec.call_options import CallOptions
+from .spec.call_options import PLANNED, CallOptions
 
 
 class Checkpoints(NamedTuple):
@@ -41,12 +42,26 @@ class Checkpoints(NamedTuple):
     index: Any
 
 
+_STATE_POOL = arguments.TENSOR_ARGS.index("state_pool")
+_OUTPUT_FINAL_STATE = PLANNED.index("output_final_state")
+
 # CallPlans by key (shapes, dtypes, devices, scalars, options; never a pointer or a caller's object).
 _PLANS: dict = {}
 _PLANS_LOCK = threading.Lock()
 _PLANS_MAX = 512
 
 
+def _prefill(tensors: tuple, planned: tuple, stream, output_final_state, validate, seq_lens, cu_seqlens_cpu,
+             state_indices_cpu) -> Tuple[Any, ...]:
+    """prefill's work: `tensors` in TENSOR_ARGS order and `planned`, the options in PLANNED order."""
+    torch, sig, ptrs, descs, handle, hint = arguments.intake(
+        tensors, stream, output_final_state, validate, seq_lens, cu_seqlens_cpu, state_indices_cpu)
+    plan = _plan_for(tensors, sig, ptrs, descs, CallOptions.of(planned, hint))
+    return _launch(plan, torch, tensors, ptrs, handle, stream, output_final_state)
+
+
+@reads_by_name(_prefill, arguments.TENSOR_ARGS, PLANNED, "stream", "output_final_state", "validate", "seq_lens",
+               "cu_seqlens_cpu", "state_indices_cpu")
 def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any = None, dt_bias: Any = None,
             lower_bound: Optional[float] = None,
             scale: Optional[float] = None, initial_state: Any = None, output_final_state: bool = False,
@@ -117,13 +132,8 @@ def prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any = None, dt_
     The work follows the listed sequences' tokens. Entries are never read on the host: the device
     skips an entry outside [0, N) and runs a repeated one once; validate="host" refuses both.
     """
-    given = locals()  # the parameters alone, by name: tensors and options are read from it by their tables
-    tensors = arguments.gather_tensors(given)
-    torch, sig, ptrs, descs, handle, hint = arguments.intake(
-        tensors, stream, output_final_state, validate, seq_lens, cu_seqlens_cpu, state_indices_cpu)
-    options = CallOptions.gather(given, hint)
-    plan = _plan_for(tensors, sig, ptrs, descs, options)
-    return _launch(plan, torch, tensors, ptrs, handle, stream, output_final_state)
+    # The body is compiled from the names of the decorator's groups (intake/by_name.py): it calls
+    # _prefill with this call's tensors and plan-shaping options as tuples in the tables' order.
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,6 +299,22 @@ def _allocate(torch, q, plan: CallPlan, out, final_state, workspace, handle: int
 # ---------------------------------------------------------------------------------------------
 # workspace queries, caches, info
 
+def _workspace_size(tensors: tuple, planned: tuple, stream, seq_lens, cu_seqlens_cpu) -> int:
+    """workspace_size's work, on prefill's groups; the workspace is not described (it does not
+    change the size)."""
+    tensors = tensors[:-1] + (None,)
+    q = tensors[0]
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(q, torch.Tensor):
+        descs = arguments.describe_all(tensors)
+    else:  # DLPack reads need a consumer stream (JAX refuses -1)
+        descs = arguments.describe_all(tensors, frameworks.consumer_stream(arguments.intake_stream(q, stream)))
+    arguments.check_pool_options(tensors[_STATE_POOL], planned[_OUTPUT_FINAL_STATE])
+    return _build_plan(descs, CallOptions.of(planned, arguments.hint_key(seq_lens, cu_seqlens_cpu))).workspace_bytes
+
+
+@reads_by_name(_workspace_size, arguments.TENSOR_ARGS, PLANNED, "stream", "seq_lens", "cu_seqlens_cpu",
+               unused=("validate", "state_indices_cpu"))
 def workspace_size(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any = None, dt_bias: Any = None,
                    lower_bound: Optional[float] = None,
                    scale: Optional[float] = None, initial_state: Any = None, output_final_state: bool = False,
@@ -303,15 +329,7 @@ def workspace_size(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any = No
     """Bytes of `workspace=` that prefill needs for these arguments (validated as prefill would).
     `stream`, `workspace`, `validate` and `state_indices_cpu` are accepted so that prefill's own
     keyword arguments can be passed unchanged; they do not change the size (nor does `numerics`, which is checked)."""
-    given = locals()  # by name, as prefill reads them; the workspace is not described (it does not change the size)
-    tensors = arguments.gather_tensors(given)[:-1] + (None,)
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(q, torch.Tensor):
-        descs = arguments.describe_all(tensors)
-    else:  # DLPack reads need a consumer stream (JAX refuses -1)
-        descs = arguments.describe_all(tensors, frameworks.consumer_stream(arguments.intake_stream(q, stream)))
-    arguments.check_pool_options(state_pool, output_final_state)
-    return _build_plan(descs, CallOptions.gather(given, arguments.hint_key(seq_lens, cu_seqlens_cpu))).workspace_bytes
+    # The body is compiled from the names of the decorator's groups (intake/by_name.py), as prefill's.
 
 
 def workspace_size_for(T: int, H: int, *, N: int = 1, varlen: bool = False, cu_dtype: str = "int32",

@@ -8,7 +8,6 @@ Nothing here decides whether a call is valid: the wall (validation.py) does, on 
 
 from __future__ import annotations
 
-import operator
 import sys
 from typing import Optional, Sequence
 
@@ -22,8 +21,7 @@ from .stream_check import check_stream_handle, stream_device
 from .tensors import TensorDesc, describe
 from .validation import _host_entries, check_cu_seqlens_values, hint_lengths, int_entries
 
-TENSOR_ARGS = prefill_args.NAMES + ("workspace",)  # the order of `tensors` in prefill and workspace_size
-gather_tensors = operator.itemgetter(*TENSOR_ARGS)  # prefill's tensors from its locals(), by these names
+TENSOR_ARGS = prefill_args.NAMES + ("workspace",)  # the order of `tensors` in prefill and workspace_size (api.py)
 VALIDATE_MODES = ("device", "host")
 _CU_SEQLENS, _FINAL_STATE, _STATE_POOL, _STATE_INDICES, _SEGMENT_IDS = (
     TENSOR_ARGS.index(n) for n in ("cu_seqlens", "final_state", "state_pool", "state_indices", "segment_ids"))

@@ -9,7 +9,6 @@ fields all come from OPTIONS; tests/cpu/test_one_source.py ties prefill's signat
 
 from __future__ import annotations
 
-import operator
 from collections import namedtuple
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
@@ -44,7 +43,6 @@ OPTIONS: Tuple[Option, ...] = (
 DEFAULTS = {o.name: o.default for o in OPTIONS}
 SCHEMA_TYPES = {o.name: o.schema for o in OPTIONS if o.schema is not None}
 PLANNED = tuple(o.name for o in OPTIONS if o.plans)
-_planned = operator.itemgetter(*PLANNED)
 
 
 class CallOptions(namedtuple("CallOptions", PLANNED + ("hint",),
@@ -56,11 +54,11 @@ class CallOptions(namedtuple("CallOptions", PLANNED + ("hint",),
     __slots__ = ()
 
     @classmethod
-    def gather(cls, values, hint) -> "CallOptions":
-        """The record of a call's options read by name from `values` (prefill's locals(), which
-        hold every option as a keyword), with the host hint. A few hundred nanoseconds less than
-        keyword construction, on a path where a microsecond is counted (docs/call_path.md)."""
-        return tuple.__new__(cls, _planned(values) + (hint,))
+    def of(cls, planned: tuple, hint) -> "CallOptions":
+        """The record of a call's plan-shaping options, given in PLANNED order (prefill's body
+        passes them so, intake/by_name.py), with the host hint; without keyword construction, on a
+        path where a microsecond is counted (docs/call_path.md)."""
+        return tuple.__new__(cls, planned + (hint,))
 
     def key(self) -> tuple:
         """The record with its values' types: 1, 1.0 and True compare equal in a tuple but are

@@ -79,6 +79,7 @@ def test_prefill_tensor_arguments_are_declared_once():
     from kda_aot.spec import prefill_args
     from kda_aot.plan import program
     from kda_aot.intake import validation
+    from kda_aot.spec.call_options import PLANNED
 
     names = prefill_args.NAMES
     assert arguments.TENSOR_ARGS == names + ("workspace",) and program.INPUTS == names + ("workspace", "stream")
@@ -86,18 +87,41 @@ def test_prefill_tensor_arguments_are_declared_once():
     assert set(validation._INPUTS) | set(validation._OUTPUTS) == set(names)
     assert validation._DTYPES == {a.name: tuple(a.align) for a in prefill_args.ARGS}
     assert validation.ALIGNMENT is prefill_args.ALIGNMENT
-    for fn in (api.prefill, api.workspace_size):
-        # the tensors (and options) are read by name from the function's locals() taken first
-        # thing, while they are its parameters alone: no hand-written tuple to keep in order
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-        body = tree.body[0].body
-        first, second = body[1:3] if isinstance(body[0], ast.Expr) else body[0:2]  # after the docstring
-        assert ast.unparse(first) == "given = locals()", fn.__name__
-        assert ast.unparse(second).startswith("tensors = arguments.gather_tensors(given)"), fn.__name__
-        assert "CallOptions.gather(given" in ast.unparse(tree), fn.__name__
-        assert not [node for node in ast.walk(tree) if isinstance(node, ast.Tuple) and len(node.elts) > 12], fn.__name__
+    for fn, target in ((api.prefill, api._prefill), (api.workspace_size, api._workspace_size)):
+        # the body is compiled from the tables' names (intake/by_name.py): the target receives
+        # every tensor in TENSOR_ARGS order and every plan-shaping option in PLANNED order
         params = inspect.signature(fn).parameters
         assert all(name in params for name in arguments.TENSOR_ARGS), fn.__name__
+        sentinels = {name: object() for name in params}
+        seen = []
+        assert fn.__code__.co_filename.startswith("<kda_aot: kda_aot.api."), fn.__code__.co_filename
+        with _calls_recorded(fn, target, seen):
+            fn(*(sentinels[n] for n in ("q", "k", "v", "g", "beta")),
+               **{n: v for n, v in sentinels.items() if n not in ("q", "k", "v", "g", "beta")})
+        (tensors, planned, *rest), = seen
+        assert tensors == tuple(sentinels[n] for n in arguments.TENSOR_ARGS), fn.__name__
+        assert planned == tuple(sentinels[n] for n in PLANNED), fn.__name__
+        # no hand-written tuple of the tensors in either function's source
+        tree = ast.parse(textwrap.dedent(inspect.getsource(target)))
+        assert not [node for node in ast.walk(tree) if isinstance(node, ast.Tuple) and len(node.elts) > 12], fn.__name__
+
+
+def _calls_recorded(fn, target, seen):
+    """fn's compiled body with its target replaced by a recorder: the body's namespace (its
+    __globals__, made by intake/by_name.py) holds the target as `_call`."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def swap():
+        namespace = fn.__globals__
+        assert namespace["_call"] is target
+        namespace["_call"] = lambda *args: seen.append(args)
+        try:
+            yield
+        finally:
+            namespace["_call"] = target
+
+    return swap()
 
 
 def test_options_declared_once():
@@ -117,8 +141,8 @@ def test_options_declared_once():
     # 1, 1.0 and True are equal in a tuple, but the plan key tells them apart
     a, b = call_options.CallOptions(scale=1), call_options.CallOptions(scale=1.0)
     assert a == b and a.key() != b.key()
-    # gathered by name from a call's locals(), as prefill does
-    values = {o.name: o.default for o in call_options.OPTIONS}
-    values.update(scale=0.5, gate="softplus", q=object())
-    got = call_options.CallOptions.gather(values, ("lens", (16,)))
+    # built from the planned options in PLANNED order, as prefill's body passes them
+    values = {o.name: o.default for o in call_options.OPTIONS if o.plans}
+    values.update(scale=0.5, gate="softplus")
+    got = call_options.CallOptions.of(tuple(values[n] for n in call_options.PLANNED), ("lens", (16,)))
     assert got == call_options.CallOptions(scale=0.5, gate="softplus", hint=("lens", (16,)))
