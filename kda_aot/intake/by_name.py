@@ -47,9 +47,13 @@ def reads_by_name(call: Callable, *groups: Group, unused: Tuple[str, ...] = ()) 
         namespace.update({f"_default_{p.name}": p.default for p in params.values()
                           if p.default is not inspect.Parameter.empty})
         exec(compile(source, filename, "exec"), namespace)
-        # tracebacks through the compiled body show its one line
+        # tracebacks (and inspect.getsource) show the compiled body's two lines
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-        return functools.update_wrapper(namespace[template.__name__], template)
+        function = functools.update_wrapper(namespace[template.__name__], template)
+        # The template's body never runs: no __wrapped__ that inspect.unwrap would hand out to call.
+        # The compiled def has the template's parameters, so its own signature is the template's.
+        del function.__wrapped__
+        return function
 
     return compile_body
 

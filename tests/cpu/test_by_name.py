@@ -25,6 +25,8 @@ def test_groups_are_handed_on_in_the_named_order():
 def test_the_template_face_is_kept():
     assert entry.__name__ == "entry" and entry.__doc__ == "The template's docstring."
     assert str(inspect.signature(entry)) == "(a, b, *, c=3, d='four', e=None)"
+    assert inspect.unwrap(entry) is entry  # the template, whose body never runs, is not handed out
+    assert "return _call((b, a, c, ), d, (e, ))" in inspect.getsource(entry)
     with pytest.raises(TypeError, match=r"entry\(\) missing 1 required positional argument: 'b'"):
         entry(1)
     with pytest.raises(TypeError, match=r"entry\(\) got an unexpected keyword argument 'f'"):
