@@ -42,9 +42,6 @@ class Checkpoints(NamedTuple):
     index: Any
 
 
-_STATE_POOL = arguments.TENSOR_ARGS.index("state_pool")
-_OUTPUT_FINAL_STATE = PLANNED.index("output_final_state")
-
 # CallPlans by key (shapes, dtypes, devices, scalars, options; never a pointer or a caller's object).
 _PLANS: dict = {}
 _PLANS_LOCK = threading.Lock()
@@ -299,7 +296,8 @@ def _allocate(torch, q, plan: CallPlan, out, final_state, workspace, handle: int
 # ---------------------------------------------------------------------------------------------
 # workspace queries, caches, info
 
-def _workspace_size(tensors: tuple, planned: tuple, stream, seq_lens, cu_seqlens_cpu) -> int:
+def _workspace_size(tensors: tuple, planned: tuple, stream, seq_lens, cu_seqlens_cpu, state_pool,
+                    output_final_state) -> int:
     """workspace_size's work, on prefill's groups; the workspace is not described (it does not
     change the size)."""
     tensors = tensors[:-1] + (None,)
@@ -309,12 +307,12 @@ def _workspace_size(tensors: tuple, planned: tuple, stream, seq_lens, cu_seqlens
         descs = arguments.describe_all(tensors)
     else:  # DLPack reads need a consumer stream (JAX refuses -1)
         descs = arguments.describe_all(tensors, frameworks.consumer_stream(arguments.intake_stream(q, stream)))
-    arguments.check_pool_options(tensors[_STATE_POOL], planned[_OUTPUT_FINAL_STATE])
+    arguments.check_pool_options(state_pool, output_final_state)
     return _build_plan(descs, CallOptions.of(planned, arguments.hint_key(seq_lens, cu_seqlens_cpu))).workspace_bytes
 
 
-@reads_by_name(_workspace_size, arguments.TENSOR_ARGS, PLANNED, "stream", "seq_lens", "cu_seqlens_cpu",
-               unused=("validate", "state_indices_cpu"))
+@reads_by_name(_workspace_size, arguments.TENSOR_ARGS, PLANNED, "stream", "seq_lens", "cu_seqlens_cpu", "state_pool",
+               "output_final_state", unused=("validate", "state_indices_cpu"))
 def workspace_size(q: Any, k: Any, v: Any, g: Any, beta: Any, *, A_log: Any = None, dt_bias: Any = None,
                    lower_bound: Optional[float] = None,
                    scale: Optional[float] = None, initial_state: Any = None, output_final_state: bool = False,
